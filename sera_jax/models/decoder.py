@@ -1,0 +1,400 @@
+"""Qwen2 / Llama-family decoder-only transformer in Flax NNX, with a fixed-size KV cache.
+
+One block (pre-norm, as in Hugging Face `LlamaDecoderLayer` / `Qwen2DecoderLayer`):
+
+    h = x + o_proj(attn(rope(q_norm(q_proj(n1(x)))), rope(k_norm(k_proj(n1(x)))), v_proj(n1(x))))
+    y = h + down(silu(gate(n2(h))) * up(n2(h)))
+
+with RMSNorm `n(x) = w * x / sqrt(mean(x^2) + eps)` (computed in float32), grouped-query
+attention (`num_heads` query heads share `num_kv_heads` key/value heads), RoPE in the Hugging
+Face "rotate_half" layout (`x * cos + rotate_half(x) * sin`, frequencies
+`theta^(-2i/head_dim)` repeated over both halves), optional q/k/v bias (Qwen2) and optional
+per-head q/k RMSNorm (Qwen3). Logits are float32.
+
+Parameter layout (all `nnx.Param`; the `out_sharding` metadata holds *logical* axis names,
+with `eager_sharding=False` so a model can be built without a mesh):
+
+    embed                          [vocab, hidden]               ("vocab", "embed")
+    lm_head (untied only)          [hidden, vocab]               ("embed", "vocab")
+    final_norm.scale               [hidden]                      ("norm",)
+    layers[i].attn_norm.scale      [hidden]                      ("norm",)
+    layers[i].attn.q_kernel        [hidden, heads, head_dim]     ("embed", "q_heads", "head_dim")
+    layers[i].attn.k_kernel / v_kernel
+                                   [hidden, kv_heads, head_dim]  ("embed", "kv_heads", "head_dim")
+    layers[i].attn.o_kernel        [heads, head_dim, hidden]     ("q_heads", "head_dim", "embed")
+    layers[i].attn.q_bias          [heads, head_dim]             ("q_heads", "head_dim")
+    layers[i].attn.k_bias / v_bias [kv_heads, head_dim]          ("kv_heads", "head_dim")
+    layers[i].attn.q_norm / k_norm .scale [head_dim]             ("head_dim",)
+    layers[i].mlp_norm.scale       [hidden]                      ("norm",)
+    layers[i].mlp.gate / up        [hidden, ffn]                 ("embed", "mlp")
+    layers[i].mlp.down             [ffn, hidden]                 ("mlp", "embed")
+
+Map logical names to mesh axes with `nnx.logical_axis_rules(rules)` around
+`nnx.get_partition_spec(state)` (see `LOGICAL_AXIS_NAMES` and `example_axis_rules`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+#: Every logical axis name used in parameter `out_sharding` metadata.
+LOGICAL_AXIS_NAMES = ("vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp", "norm")
+
+# Finite "minus infinity": a query whose every key is masked (a pad row) gets a uniform,
+# finite softmax instead of NaN; its output is ignored downstream.
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def example_axis_rules(
+    data: str = "data", fsdp: str = "fsdp", tensor: str = "tensor"
+) -> tuple[tuple[str, Any], ...]:
+    """A Megatron-style default: FSDP over `embed`, tensor parallelism over heads/FFN/vocab.
+
+    Returns flax logical-axis rules `((logical_name, mesh_axis_or_None), ...)`. `data` is
+    accepted for symmetry (parameters are replicated over the data axis).
+    """
+    del data
+    return (
+        ("vocab", tensor),
+        ("embed", fsdp),
+        ("q_heads", tensor),
+        ("kv_heads", tensor),
+        ("head_dim", None),
+        ("mlp", tensor),
+        ("norm", None),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+    """Architecture hyper-parameters (names follow Hugging Face `config.json` semantics)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int | None = None  # None: hidden_size // num_heads
+    rope_theta: float = 10_000.0
+    rms_norm_eps: float = 1e-6
+    qkv_bias: bool = False  # Qwen2: bias on q/k/v projections
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before RoPE
+    tie_embeddings: bool = True
+    max_position_embeddings: int = 4096  # informational; RoPE has no table
+    initializer_range: float = 0.02
+    dtype: Any = jnp.float32  # activation / compute dtype
+    param_dtype: Any = jnp.float32
+    name: str = ""
+
+    def __post_init__(self):
+        for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                      "num_heads", "num_kv_heads"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"DecoderConfig.{field}={value!r}; must be an int >= 1")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"DecoderConfig.num_heads={self.num_heads} must be a multiple of "
+                f"num_kv_heads={self.num_kv_heads} (grouped-query attention)"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"DecoderConfig.hidden_size={self.hidden_size} is not divisible by "
+                f"num_heads={self.num_heads}; set head_dim explicitly"
+            )
+        if self.resolved_head_dim % 2:
+            raise ValueError(f"DecoderConfig.head_dim={self.resolved_head_dim} must be even (RoPE)")
+        if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
+            raise ValueError(
+                f"DecoderConfig.rope_theta={self.rope_theta}, rms_norm_eps={self.rms_norm_eps};"
+                " both must be > 0"
+            )
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
+
+    def replace(self, **changes: Any) -> DecoderConfig:
+        """A copy with some fields changed (e.g. `cfg.replace(dtype=jnp.bfloat16)`)."""
+        return dataclasses.replace(self, **changes)
+
+
+@struct.dataclass
+class KVCache:
+    """Fixed-size key/value cache shared by all layers.
+
+    k, v: [L, B, S, Hkv, Dh]; valid: bool [B, S] (slot holds a real token); index: int32
+    scalar, the next slot to write (the same for every row: left-padded prompts make the
+    batch share slot positions while their RoPE positions differ).
+    """
+
+    k: jax.Array
+    v: jax.Array
+    valid: jax.Array
+    index: jax.Array
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+
+def init_cache(cfg: DecoderConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
+    """An empty cache of `max_len` slots per row (dtype defaults to `cfg.dtype`)."""
+    if batch < 1 or max_len < 1:
+        raise ValueError(f"init_cache: batch={batch}, max_len={max_len}; both must be >= 1")
+    dtype = cfg.dtype if dtype is None else dtype
+    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.resolved_head_dim)
+    return KVCache(
+        k=jnp.zeros(shape, dtype),
+        v=jnp.zeros(shape, dtype),
+        valid=jnp.zeros((batch, max_len), bool),
+        index=jnp.zeros((), jnp.int32),
+    )
+
+
+def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
+    """RoPE positions of a (left-)padded batch: `cumsum(mask) - 1`, clipped at 0 (int32)."""
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def _param(rngs: nnx.Rngs, shape, names, cfg: DecoderConfig, init: str = "normal") -> nnx.Param:
+    if init == "normal":
+        value = cfg.initializer_range * jax.random.normal(rngs.params(), shape, cfg.param_dtype)
+    elif init == "ones":
+        value = jnp.ones(shape, cfg.param_dtype)
+    else:
+        value = jnp.zeros(shape, cfg.param_dtype)
+    return nnx.Param(value, out_sharding=tuple(names), eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+    """`scale * x / sqrt(mean(x^2, -1) + eps)`, normalised in float32 (as HF does)."""
+
+    def __init__(self, dim: int, cfg: DecoderConfig, names=("norm",), *, rngs: nnx.Rngs):
+        self.eps = cfg.rms_norm_eps
+        self.scale = _param(rngs, (dim,), names, cfg, init="ones")
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dtype = x.dtype
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        # HF casts back to the input dtype before multiplying by the weight.
+        return self.scale.value.astype(dtype) * x32.astype(dtype)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding, HF rotate_half layout. x: [B, T, H, Dh]; positions: int [B, T]."""
+    dh = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, Dh]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    x32 = x.astype(jnp.float32)
+    x1, x2 = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with optional bias, q/k norm and a KV cache."""
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d, h, hkv, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
+        self.q_kernel = _param(rngs, (d, h, dh), ("embed", "q_heads", "head_dim"), cfg)
+        self.k_kernel = _param(rngs, (d, hkv, dh), ("embed", "kv_heads", "head_dim"), cfg)
+        self.v_kernel = _param(rngs, (d, hkv, dh), ("embed", "kv_heads", "head_dim"), cfg)
+        self.o_kernel = _param(rngs, (h, dh, d), ("q_heads", "head_dim", "embed"), cfg)
+        if cfg.qkv_bias:
+            self.q_bias = _param(rngs, (h, dh), ("q_heads", "head_dim"), cfg, init="zeros")
+            self.k_bias = _param(rngs, (hkv, dh), ("kv_heads", "head_dim"), cfg, init="zeros")
+            self.v_bias = _param(rngs, (hkv, dh), ("kv_heads", "head_dim"), cfg, init="zeros")
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(dh, cfg, names=("head_dim",), rngs=rngs)
+            self.k_norm = RMSNorm(dh, cfg, names=("head_dim",), rngs=rngs)
+
+    def _project(self, x, kernel, bias_name):
+        y = jnp.einsum("btd,dhk->bthk", x, kernel.value.astype(x.dtype))
+        if self.cfg.qkv_bias:
+            y = y + getattr(self, bias_name).value.astype(x.dtype)
+        return y
+
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        cache_kv: tuple[jax.Array, jax.Array] | None,
+        layer: int,
+        index: jax.Array | None,
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """x: [B, T, D]; mask: bool [B, T, S] (query t may attend key slot s).
+
+        With `cache_kv = (k_all, v_all)` ([L, B, S, Hkv, Dh]) the new keys/values are
+        written at slots [index, index + T) of layer `layer` and the updated slabs returned.
+        """
+        cfg = self.cfg
+        q = self._project(x, self.q_kernel, "q_bias")
+        k = self._project(x, self.k_kernel, "k_bias")
+        v = self._project(x, self.v_kernel, "v_bias")
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = rope(q, positions, cfg.rope_theta)
+        k = rope(k, positions, cfg.rope_theta)
+
+        if cache_kv is not None:
+            k_all, v_all = cache_kv
+            start = (layer, 0, index, 0, 0)
+            # Updating the [L, ...] slab in place (not stacking per-layer results) keeps a
+            # donated cache buffer alias-able by XLA.
+            k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), start)
+            v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), start)
+            keys, values = k_all[layer].astype(x.dtype), v_all[layer].astype(x.dtype)
+            cache_kv = (k_all, v_all)
+        else:
+            keys, values = k, v
+
+        b, t, h, dh = q.shape
+        hkv = cfg.num_kv_heads
+        q = q.reshape(b, t, hkv, h // hkv, dh)
+        scores = jnp.einsum(
+            "btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32
+        ) / jnp.sqrt(jnp.float32(dh))
+        scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+        probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(b, t, h, dh)
+        out = jnp.einsum("bthk,hkd->btd", out, self.o_kernel.value.astype(x.dtype))
+        return out, cache_kv
+
+
+class MLP(nnx.Module):
+    """SwiGLU: `down(silu(gate(x)) * up(x))`."""
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate = _param(rngs, (d, f), ("embed", "mlp"), cfg)
+        self.up = _param(rngs, (d, f), ("embed", "mlp"), cfg)
+        self.down = _param(rngs, (f, d), ("mlp", "embed"), cfg)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        g = x @ self.gate.value.astype(x.dtype)
+        u = x @ self.up.value.astype(x.dtype)
+        return (jax.nn.silu(g) * u) @ self.down.value.astype(x.dtype)
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer block."""
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg, rngs=rngs)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x, positions, mask, cache_kv, layer, index):
+        a, cache_kv = self.attn(self.attn_norm(x), positions, mask, cache_kv, layer, index)
+        x = x + a
+        x = x + self.mlp(self.mlp_norm(x))
+        return x, cache_kv
+
+
+class Decoder(nnx.Module):
+    """Decoder-only LM. `logits, cache = model(tokens, positions, cache=None, attention_mask=None)`.
+
+    - tokens, positions: int32 [B, T]; attention_mask: bool [B, T] (True = real token;
+      default all True). Returns float32 logits [B, T, V] and the updated cache (None when
+      called without one).
+    - Without a cache: causal attention over the T tokens, keys restricted to real tokens.
+    - With a cache: the T tokens are written to slots [index, index + T) (the caller keeps
+      index + T <= max_len; past the end `dynamic_update_slice` would clamp); each query
+      attends to valid slots at or before its own slot; the cache comes back with index + T.
+    """
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), cfg)
+        self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg, rngs=rngs)
+        if not cfg.tie_embeddings:
+            self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), cfg)
+
+    def __call__(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        cache: KVCache | None = None,
+        attention_mask: jax.Array | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        cfg = self.cfg
+        b, t = tokens.shape
+        if attention_mask is None:
+            attention_mask = jnp.ones((b, t), bool)
+        attention_mask = attention_mask.astype(bool)
+
+        if cache is None:
+            q_slot = jnp.arange(t)
+            causal = q_slot[:, None] >= q_slot[None, :]  # [T, T]
+            mask = causal[None] & attention_mask[:, None, :]
+            cache_kv, index = None, None
+        else:
+            index = cache.index
+            s = cache.max_len
+            valid = jax.lax.dynamic_update_slice(cache.valid, attention_mask, (0, index))
+            q_slot = index + jnp.arange(t)
+            causal = q_slot[:, None] >= jnp.arange(s)[None, :]  # [T, S]
+            mask = causal[None] & valid[:, None, :]
+            cache_kv = (cache.k, cache.v)
+
+        x = jnp.take(self.embed.value, tokens, axis=0).astype(cfg.dtype)
+        for layer, block in enumerate(self.layers):
+            x, cache_kv = block(x, positions, mask, cache_kv, layer, index)
+        x = self.final_norm(x)
+        if cfg.tie_embeddings:
+            logits = jnp.einsum(
+                "btd,vd->btv", x, self.embed.value.astype(x.dtype),
+                preferred_element_type=jnp.float32,
+            )
+        else:
+            logits = jnp.einsum(
+                "btd,dv->btv", x, self.lm_head.value.astype(x.dtype),
+                preferred_element_type=jnp.float32,
+            )
+        logits = logits.astype(jnp.float32)
+
+        if cache is not None:
+            cache = KVCache(k=cache_kv[0], v=cache_kv[1], valid=valid, index=index + t)
+        return logits, cache
+
+
+def token_logprobs(
+    model: Decoder,
+    tokens: jax.Array,
+    attention_mask: jax.Array,
+    positions: jax.Array | None = None,
+) -> jax.Array:
+    """Per-token log-likelihood aligned with `tokens`: out[b, t] = log p(tokens[b, t] | tokens[b, :t]).
+
+    One full forward (no cache). out[:, 0] = 0 (nothing predicts the first token) and
+    positions where `attention_mask` is False are 0. Positions default to
+    `positions_from_mask(attention_mask)` (left padding). Returns float32 [B, T].
+    """
+    if positions is None:
+        positions = positions_from_mask(attention_mask)
+    logits, _ = model(tokens, positions, attention_mask=attention_mask)
+    logits = logits[:, :-1]  # predictions for tokens[:, 1:]
+    targets = tokens[:, 1:]
+    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    lp = picked - jax.nn.logsumexp(logits, axis=-1)
+    lp = jnp.where(attention_mask[:, 1:], lp, 0.0)
+    return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
+
+
+def count_params(model: nnx.Module) -> int:
+    """Total number of parameter scalars."""
+    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
