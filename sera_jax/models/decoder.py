@@ -185,7 +185,7 @@ class RMSNorm(nnx.Module):
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         # HF casts back to the input dtype before multiplying by the weight.
-        return self.scale.value.astype(dtype) * x32.astype(dtype)
+        return self.scale[...].astype(dtype) * x32.astype(dtype)
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -220,9 +220,9 @@ class Attention(nnx.Module):
             self.k_norm = RMSNorm(dh, cfg, names=("head_dim",), rngs=rngs)
 
     def _project(self, x, kernel, bias_name):
-        y = jnp.einsum("btd,dhk->bthk", x, kernel.value.astype(x.dtype))
+        y = jnp.einsum("btd,dhk->bthk", x, kernel[...].astype(x.dtype))
         if self.cfg.qkv_bias:
-            y = y + getattr(self, bias_name).value.astype(x.dtype)
+            y = y + getattr(self, bias_name)[...].astype(x.dtype)
         return y
 
     def __call__(
@@ -269,7 +269,7 @@ class Attention(nnx.Module):
         scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
         probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(b, t, h, dh)
-        out = jnp.einsum("bthk,hkd->btd", out, self.o_kernel.value.astype(x.dtype))
+        out = jnp.einsum("bthk,hkd->btd", out, self.o_kernel[...].astype(x.dtype))
         return out, cache_kv
 
 
@@ -283,9 +283,9 @@ class MLP(nnx.Module):
         self.down = _param(rngs, (f, d), ("mlp", "embed"), cfg)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        g = x @ self.gate.value.astype(x.dtype)
-        u = x @ self.up.value.astype(x.dtype)
-        return (jax.nn.silu(g) * u) @ self.down.value.astype(x.dtype)
+        g = x @ self.gate[...].astype(x.dtype)
+        u = x @ self.up[...].astype(x.dtype)
+        return (jax.nn.silu(g) * u) @ self.down[...].astype(x.dtype)
 
 
 class Block(nnx.Module):
@@ -351,18 +351,18 @@ class Decoder(nnx.Module):
             mask = causal[None] & valid[:, None, :]
             cache_kv = (cache.k, cache.v)
 
-        x = jnp.take(self.embed.value, tokens, axis=0).astype(cfg.dtype)
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype)
         for layer, block in enumerate(self.layers):
             x, cache_kv = block(x, positions, mask, cache_kv, layer, index)
         x = self.final_norm(x)
         if cfg.tie_embeddings:
             logits = jnp.einsum(
-                "btd,vd->btv", x, self.embed.value.astype(x.dtype),
+                "btd,vd->btv", x, self.embed[...].astype(x.dtype),
                 preferred_element_type=jnp.float32,
             )
         else:
             logits = jnp.einsum(
-                "btd,dv->btv", x, self.lm_head.value.astype(x.dtype),
+                "btd,dv->btv", x, self.lm_head[...].astype(x.dtype),
                 preferred_element_type=jnp.float32,
             )
         logits = logits.astype(jnp.float32)

@@ -8,7 +8,7 @@ grids, which is not array math. The trainer never looks inside a task beyond thi
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
@@ -52,12 +52,25 @@ class RLTask(abc.ABC):
         a stop token. Must be total: any token sequence gets 0 or 1, never an exception.
         """
 
+    def extract_answers(
+        self, split: str, ids: Sequence[int], completions: Sequence[np.ndarray]
+    ) -> list[Hashable | None] | None:
+        """Optional majority-vote hook: a hashable final answer per completion (None when a
+        completion has no answer), such that completions with equal answers get equal
+        scores. Return None (the default) when the task has no notion of an answer; then
+        `sera_jax.rl.evaluate` skips majority voting.
+        """
+        del split, ids, completions
+        return None
+
     def decode(self, tokens: Sequence[int]) -> str:
         """Human-readable text of a token sequence (for logs and notebooks)."""
         return " ".join(str(int(t)) for t in tokens)
 
 
-def left_pad(sequences: Sequence[np.ndarray], width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+def left_pad(
+    sequences: Sequence[np.ndarray], width: int, pad_id: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Stack ragged token sequences into `[B, width]` left-padded tokens and a validity mask.
 
     Raises ValueError when a sequence is longer than `width`.

@@ -34,7 +34,9 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 #: Longest answer string handed to SymPy: longer "answers" are garbage and only cost time.
 MAX_ANSWER_CHARS = 400
 
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
+# `\\boxed` / `\\fbox` not followed by a letter (`\\boxedx` would be another macro).
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_TOKEN = re.compile(r"\S*")
 # A number as written in prose: optional sign, digits with optional thousands commas,
 # optional decimals, optional "/denominator" (3/4).
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?")
@@ -49,38 +51,34 @@ def last_boxed(text: str) -> str | None:
     """
     if not isinstance(text, str):
         return None
-    end = len(text)
-    while True:
-        start = max(text.rfind(cmd, 0, end) for cmd in _BOX_COMMANDS)
-        if start < 0:
-            return None
-        end = start  # the next candidate lies strictly left of this one
-        name = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
-        i = start + len(name)
+    matches: dict[int, int] | None = None  # computed on first need
+    # All command positions in one regex pass, then right to left: linear in len(text).
+    for found in reversed(list(_BOX_RE.finditer(text))):
+        i = found.end()
         while i < len(text) and text[i] == " ":
             i += 1
         if i < len(text) and text[i] == "{":
-            content = _balanced(text, i)
-            if content is not None:
-                return content.strip()
-        elif i > start + len(name):  # "\\boxed 5": the next whitespace-delimited token
-            token = text[i:].split(maxsplit=1)
-            if token and token[0].rstrip(".$"):
-                return token[0].rstrip(".$")
-        # "\\boxedx" is another macro, an unclosed box is no answer: keep looking left.
-
-
-def _balanced(text: str, open_at: int) -> str | None:
-    """The text inside the brace group opening at `open_at`, or None when it never closes."""
-    depth = 0
-    for j in range(open_at, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[open_at + 1 : j]
+            matches = _brace_matches(text) if matches is None else matches
+            if i in matches:
+                return text[i + 1 : matches[i]].strip()
+        elif i > found.end():  # "\\boxed 5": the next whitespace-delimited token
+            token = _TOKEN.match(text, i).group().rstrip(".$")
+            if token:
+                return token
+        # An unclosed box is no answer: keep looking left.
     return None
+
+
+def _brace_matches(text: str) -> dict[int, int]:
+    """Position of each '{' that closes -> position of its '}' (one O(len) stack pass)."""
+    stack: list[int] = []
+    matches: dict[int, int] = {}
+    for j, ch in enumerate(text):
+        if ch == "{":
+            stack.append(j)
+        elif ch == "}" and stack:
+            matches[stack.pop()] = j
+    return matches
 
 
 def last_number(text: str) -> str | None:

@@ -1,0 +1,164 @@
+"""Rollout throughput of `sera_jax.sampling.generate` vs Hugging Face `transformers` (CPU).
+
+Both sides run the maze policy (`sera_jax.models.configs.MAZE_POLICY`) with the *same*
+random weights (written by `save_hf_checkpoint` and read back by
+`AutoModelForCausalLM.from_pretrained`), the same batch, prompt length and number of new
+tokens, plain sampling at temperature 1 with no stop token (HF: `min_new_tokens =
+max_new_tokens`, `top_k=0`), in one process, interleaved repeats, medians reported.
+
+It also measures this machine's float32 matmul peak (best of a few large `jnp.dot`s) and
+the fraction of it the sampler reaches, counting useful FLOPs only:
+
+    prefill  B * [2 * N_mm * P + L * 2 * H * Dh * P * (P + 1)]      (causal attention)
+    decode   B * sum_{t=1..T-1} [2 * N_mm + L * 4 * H * Dh * (P + t)]
+
+with N_mm the matmul parameters (attention + MLP projections + the vocabulary head), P the
+prompt length, T the new tokens, L layers, H query heads, Dh head size. Attention over the
+unused cache slots (the sampler computes the full fixed-size cache every step) is not
+counted.
+
+    .venv/bin/python benchmarks/sampler_bench.py --batch=8,64 --repeats=3
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+
+from absl import app, flags
+
+_BATCH = flags.DEFINE_list("batch", ["8", "64"], "Batch sizes (rollouts per call).")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 310, "Prompt tokens (17x17 maze: 310).")
+_NEW_TOKENS = flags.DEFINE_integer("new_tokens", 180, "Generated tokens per row.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats per side (median reported).")
+_SEED = flags.DEFINE_integer("seed", 0, "Weights / prompts / sampling seed.")
+_OUT = flags.DEFINE_string("out", "", "Optional path: write the markdown table there.")
+
+
+def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
+    """Best observed float32 FLOP/s of an [n, n] @ [n, n] jnp.dot (2 n^3 FLOPs)."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+    dot = jax.jit(jnp.dot)
+    dot(a, b).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dot(a, b).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def sampler_flops(cfg, batch: int, prompt_len: int, new_tokens: int) -> float:
+    """Useful FLOPs of one generate call (formula in the module docstring)."""
+    d, f, h, hkv = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads
+    dh, layers = cfg.resolved_head_dim, cfg.num_layers
+    per_layer = d * h * dh * 2 + d * hkv * dh * 2 + 3 * d * f  # q, o, k, v, gate/up/down
+    n_mm = layers * per_layer + d * cfg.vocab_size
+    prefill = 2 * n_mm * prompt_len + layers * 2 * h * dh * prompt_len * (prompt_len + 1)
+    decode = sum(2 * n_mm + layers * 4 * h * dh * (prompt_len + t) for t in range(1, new_tokens))
+    return float(batch * (prefill + decode))
+
+
+def main(argv):
+    del argv
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import transformers
+    from flax import nnx
+
+    from sera_jax.models.configs import MAZE_POLICY
+    from sera_jax.models.decoder import Decoder, count_params
+    from sera_jax.models.weights import save_hf_checkpoint
+    from sera_jax.sampling import SamplingConfig, generate
+
+    threads = os.cpu_count()
+    torch.set_num_threads(threads)
+    cfg = MAZE_POLICY
+    model = Decoder(cfg, rngs=nnx.Rngs(_SEED.value))
+    tmp = tempfile.mkdtemp(prefix="sampler_bench_")
+    save_hf_checkpoint(model, tmp)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+    p_len, t_new = _PROMPT_LEN.value, _NEW_TOKENS.value
+    peak = matmul_peak_flops()
+    print(f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__}, "
+          f"transformers {transformers.__version__}, {threads} CPU threads; "
+          f"model {cfg.name}: {count_params(model) / 1e6:.2f}M params, HF class "
+          f"{type(hf).__name__}; float32 matmul peak {peak / 1e9:.1f} GFLOP/s")
+
+    rng = np.random.default_rng(_SEED.value)
+    rows = []
+    for batch in (int(b) for b in _BATCH.value):
+        prompts = rng.integers(4, cfg.vocab_size, size=(batch, p_len), dtype=np.int32)
+        tokens, mask = jnp.asarray(prompts), jnp.ones((batch, p_len), bool)
+        ids = torch.from_numpy(prompts.astype(np.int64))
+        with torch.inference_mode():  # same model on both sides: compare prompt logits
+            ref = hf(input_ids=ids[:2]).logits.numpy()
+        ours = np.asarray(model(tokens[:2], jnp.broadcast_to(jnp.arange(p_len), (2, p_len)))[0])
+        logit_diff = float(np.abs(ref - ours).max())
+
+        sconfig = SamplingConfig(max_new_tokens=t_new, temperature=1.0)
+        key = jax.random.key(_SEED.value)
+        start = time.perf_counter()
+        generate(model, tokens, mask, key, sconfig).tokens.block_until_ready()
+        compile_s = time.perf_counter() - start
+
+        def run_hf(new_tokens):
+            with torch.inference_mode():
+                return hf.generate(
+                    input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                    temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens, pad_token_id=0, eos_token_id=None,
+                )
+
+        run_hf(4)  # warm-up
+        jax_s, hf_s = [], []
+        for r in range(_REPEATS.value):
+            start = time.perf_counter()
+            out = generate(model, tokens, mask, jax.random.fold_in(key, r + 1), sconfig)
+            out.tokens.block_until_ready()
+            jax_s.append(time.perf_counter() - start)
+            assert int(out.lengths.min()) == t_new
+            start = time.perf_counter()
+            seq = run_hf(t_new)
+            hf_s.append(time.perf_counter() - start)
+            assert seq.shape == (batch, p_len + t_new), seq.shape
+        jax_med, hf_med = statistics.median(jax_s), statistics.median(hf_s)
+        flops = sampler_flops(cfg, batch, p_len, t_new)
+        row = dict(
+            batch=batch, jax_tok_s=batch * t_new / jax_med, hf_tok_s=batch * t_new / hf_med,
+            speedup=hf_med / jax_med, frac_peak=flops / jax_med / peak,
+            hf_frac_peak=flops / hf_med / peak, jax_s=jax_s, hf_s=hf_s, compile_s=compile_s,
+            logit_diff=logit_diff,
+        )
+        rows.append(row)
+        print(f"batch {batch}: jax {[f'{s:.2f}' for s in jax_s]} s, hf {[f'{s:.2f}' for s in hf_s]}"
+              f" s, compile {compile_s:.1f} s, prompt-logit max|diff| {logit_diff:.1e}")
+
+    header = (
+        f"Maze policy ({count_params(model) / 1e6:.2f}M params), prompt {p_len} tokens, "
+        f"{t_new} new tokens, float32, {threads} CPU threads, median of {_REPEATS.value}.\n\n"
+        "| batch | sera_jax tok/s | transformers tok/s | speed-up | sera_jax % of peak "
+        "| transformers % of peak |\n|---|---|---|---|---|---|\n"
+    )
+    table = header + "".join(
+        f"| {r['batch']} | {r['jax_tok_s']:.0f} | {r['hf_tok_s']:.0f} | {r['speedup']:.2f}x "
+        f"| {100 * r['frac_peak']:.1f}% | {100 * r['hf_frac_peak']:.1f}% |\n"
+        for r in rows
+    )
+    table += f"\nfloat32 matmul peak (best jnp.dot 2048^3): {peak / 1e9:.1f} GFLOP/s.\n"
+    print(table)
+    if _OUT.value:
+        with open(_OUT.value, "w") as f:
+            f.write(table)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,75 @@
+"""Maze SFT -> RL (uniform MaxRL vs SERA, 3 seeds each) -> eval, sized for 2 CPU cores.
+
+9x9 perfect mazes (94-token prompts, answers <= 32 tokens), a 2-layer width-128 policy of
+the spec's architecture family, a short SFT to a weak-to-moderate policy, then 40 RL steps
+of 16 prompts x N0 16 = 256 rollouts per method and seed (64 training mazes, so 4 steps per
+epoch and SERA allocates from history from epoch 2 on). Run with
+
+    python -m experiments.maze --config=configs/maze/cpu.py --workdir=/tmp/maze_cpu
+"""
+
+import ml_collections
+
+from sera_jax import sft
+from sera_jax.rl import config as rl_config
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.name = "maze_cpu"
+
+    c.task = ml_collections.ConfigDict()
+    c.task.size = 9
+    c.task.num_train = 64  # RL prompts
+    c.task.num_eval = 64  # held-out mazes
+    c.task.num_sft = 4000  # supervised shortest paths (disjoint from both)
+    c.task.seed = 0
+    c.task.max_new_tokens = 40  # >= the longest 9x9 answer (32)
+
+    # The spec's maze-policy family (Qwen2-style, tied embeddings), narrowed for CPU.
+    c.model = ml_collections.ConfigDict()
+    c.model.preset = "maze_policy"
+    c.model.overrides = ml_collections.ConfigDict(dict(
+        hidden_size=128, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2))
+    c.model.seed = 0
+
+    c.sft = sft.get_config()
+    c.sft.num_steps = 400
+    c.sft.batch_size = 32
+    c.sft.learning_rate = 2e-3
+    c.sft.warmup_steps = 20
+    c.sft.log_every = 50
+    c.sft.checkpoint_every = 200
+
+    c.rl = rl_config.get_config()
+    c.rl.num_steps = 40
+    c.rl.prompts_per_step = 16
+    c.rl.rollouts_per_prompt = 16
+    c.rl.n_min = 2
+    c.rl.n_max = 64
+    c.rl.optimizer.learning_rate = 3e-4
+    c.rl.allocation.name = "sera"
+    c.rl.checkpoint_every = 10
+    c.rl.log_every = 5
+    c.rl.mesh.data = -1
+
+    # Methods compared by the `rl`/`eval`/`all` stages: name -> overrides of `rl`.
+    c.methods = ml_collections.ConfigDict()
+    c.methods.uniform = ml_collections.ConfigDict({"allocation": {"name": "uniform"}})
+    c.methods.sera = ml_collections.ConfigDict(
+        {"allocation": {"name": "sera", "mode": "dynamic", "multiplicity": True}})
+    c.methods.grpo = ml_collections.ConfigDict(
+        {"allocation": {"name": "uniform"}, "estimator": "grpo"})
+    c.compare = ml_collections.ConfigDict()
+    c.compare.methods = "uniform,sera"
+    c.compare.seeds = "0,1,2"
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.num_samples = 64  # final evaluation: pass@k for k = 1, 2, 4, ..., 64
+    c.eval.curve_samples = 64  # intermediate evaluations (pass@k vs training rollouts)
+    c.eval.every = 20  # RL steps between evaluations
+    c.eval.num_prompts = 64  # held-out mazes evaluated (<= task.num_eval)
+    c.eval.batch_size = 1024  # sampler rows per call
+    c.eval.temperature = 1.0
+    c.eval.seed = 1234
+    return c

@@ -1,0 +1,158 @@
+"""Sampling-based evaluation: n samples per prompt -> unbiased pass@k and majority vote.
+
+`evaluate(model, task, split, num_samples=n, ...)` samples n completions of every prompt
+(rows flattened as prompt-major `[prompt, sample]`, generated `batch_size` rows per sampler
+call so memory is bounded, last chunk padded to the same static shape), scores them with
+the task verifier and reports, for k = 1, 2, 4, ... up to n (and n itself), the mean over
+prompts of the unbiased estimator `pass@k = 1 - C(n-c, k)/C(n, k)`
+(`sera_jax.metrics.pass_at_k_curve`). When the task implements
+`RLTask.extract_answers`, `maj@n` is the fraction of prompts whose most frequent answer
+(ties: the answer seen first) is correct.
+
+Sample r of prompt id q uses the key `fold_in(key, q * n + r)`: results do not depend on
+`batch_size`, on which other prompts are evaluated, or on the mesh.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from sera_jax import sharding as shd
+from sera_jax.metrics import pass_at_k_curve
+from sera_jax.sampling import SamplingConfig, generate
+from sera_jax.tasks.base import RLTask, left_pad
+
+
+@dataclasses.dataclass
+class EvalResult:
+    """Per-prompt counts and the summary of one evaluation.
+
+    prompt_ids, num_correct, majority_correct (NaN when the task has no answers): [P].
+    summary: {'pass@k': ..., 'maj@n' (when available), 'reward_mean', 'mean_length',
+    'truncated_fraction', 'num_prompts', 'num_samples'}.
+    """
+
+    prompt_ids: np.ndarray
+    num_samples: int
+    num_correct: np.ndarray
+    majority_correct: np.ndarray
+    summary: dict[str, float]
+
+    def to_dict(self) -> dict[str, float]:
+        """The summary scalars (for TensorBoard / JSON)."""
+        return dict(self.summary)
+
+    def write_csv(self, directory: str | os.PathLike, prefix: str = "eval") -> tuple[str, str]:
+        """Write `<prefix>_summary.csv` (metric,value) and `<prefix>_prompts.csv`
+        (prompt_id,num_samples,num_correct,majority_correct); returns both paths."""
+        os.makedirs(directory, exist_ok=True)
+        summary_path = os.path.join(directory, f"{prefix}_summary.csv")
+        prompts_path = os.path.join(directory, f"{prefix}_prompts.csv")
+        with open(summary_path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["metric", "value"])
+            w.writerows(self.summary.items())
+        with open(prompts_path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["prompt_id", "num_samples", "num_correct", "majority_correct"])
+            for q, c, m in zip(self.prompt_ids, self.num_correct, self.majority_correct):
+                w.writerow([int(q), self.num_samples, int(c), "" if np.isnan(m) else int(m)])
+        return summary_path, prompts_path
+
+
+def majority_vote(answers: Sequence[Any], rewards: np.ndarray) -> float:
+    """1.0 when the most frequent non-None answer (ties: first seen) was scored correct,
+    0.0 when it was not or when no sample has an answer."""
+    counts = collections.Counter(a for a in answers if a is not None)
+    if not counts:
+        return 0.0
+    best = max(counts.values())
+    winner = next(a for a in answers if a is not None and counts[a] == best)
+    return float(rewards[next(i for i, a in enumerate(answers) if a == winner)])
+
+
+def evaluate(
+    model: nnx.Module,
+    task: RLTask,
+    split: str,
+    *,
+    num_samples: int,
+    sampling: SamplingConfig,
+    key: jax.Array,
+    prompt_ids: Sequence[int] | None = None,
+    batch_size: int = 256,
+    mesh: Mesh | None = None,
+) -> EvalResult:
+    """Sample `num_samples` completions per prompt of `split` and compute pass@k / maj@n.
+
+    `sampling` fixes temperature / top-p / top-k / length (its `stop_ids` and `pad_id`
+    should be the task's); `prompt_ids` defaults to the whole split; `batch_size` rows go
+    through the sampler per call (a multiple of the mesh's batch shards when `mesh` is
+    given, in which case rows are sharded over it and `model` should live on it).
+    """
+    if num_samples < 1:
+        raise ValueError(f"num_samples={num_samples}; must be >= 1")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size}; must be >= 1")
+    if mesh is not None and batch_size % shd.batch_divisor(mesh):
+        raise ValueError(f"batch_size={batch_size} is not a multiple of the "
+                         f"{shd.batch_divisor(mesh)} batch shards of mesh {dict(mesh.shape)}")
+    ids = np.arange(task.split_size(split)) if prompt_ids is None else np.asarray(prompt_ids)
+    if ids.size == 0:
+        raise ValueError("prompt_ids is empty; nothing to evaluate")
+    prompts, pmask = left_pad(task.prompt_tokens(split, ids.tolist()), int(task.max_prompt_len),
+                              int(task.pad_id))
+    n = int(num_samples)
+    # Flat rows, prompt-major: row j is sample j % n of prompt j // n.
+    total = ids.size * n
+    row_prompt = np.repeat(np.arange(ids.size), n)
+    row_key_index = ids[row_prompt].astype(np.int64) * n + np.tile(np.arange(n), ids.size)
+    width = min(batch_size, total)
+    if mesh is not None:
+        width = -(-width // shd.batch_divisor(mesh)) * shd.batch_divisor(mesh)
+
+    tokens, lengths, truncated = [], [], []
+    for start in range(0, total, width):
+        sel = np.arange(start, start + width) % total  # last chunk: wrap, drop the extras
+        keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(
+            jnp.asarray(row_key_index[sel] % (2**32), jnp.uint32))
+        toks, mask = prompts[row_prompt[sel]], pmask[row_prompt[sel]]
+        if mesh is not None:
+            toks, mask = shd.shard_batch((toks, mask), mesh)
+        out = generate(model, toks, mask, None, sampling, row_keys=keys)
+        keep = min(width, total - start)
+        tokens.append(shd.to_host(out.tokens)[:keep])
+        lengths.append(shd.to_host(out.lengths)[:keep])
+        truncated.append(shd.to_host(out.truncated)[:keep])
+    tokens, lengths, truncated = (np.concatenate(x) for x in (tokens, lengths, truncated))
+
+    completions = [tokens[j, : lengths[j]] for j in range(total)]
+    row_ids = ids[row_prompt].tolist()
+    rewards = np.asarray(task.score(split, row_ids, completions, truncated), np.float64)
+    correct = rewards.reshape(ids.size, n).sum(axis=1).astype(np.int64)
+    ks, values = pass_at_k_curve(np.full(ids.size, n), correct)
+    summary = {f"pass@{int(k)}": float(v) for k, v in zip(ks, values)}
+
+    answers = task.extract_answers(split, row_ids, completions)
+    majority = np.full(ids.size, np.nan)
+    if answers is not None:
+        rr = rewards.reshape(ids.size, n)
+        majority = np.array([majority_vote(answers[q * n:(q + 1) * n], rr[q])
+                             for q in range(ids.size)])
+        summary[f"maj@{n}"] = float(majority.mean())
+    summary.update(reward_mean=float(rewards.mean()), mean_length=float(lengths.mean()),
+                   truncated_fraction=float(truncated.mean()), num_prompts=float(ids.size),
+                   num_samples=float(n))
+    return EvalResult(prompt_ids=ids, num_samples=n, num_correct=correct,
+                      majority_correct=majority, summary=summary)

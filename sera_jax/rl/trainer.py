@@ -1,0 +1,611 @@
+"""The on-policy RL trainer: history -> allocate -> sample -> verify -> advantages -> AdamW.
+
+One step (`Trainer.step`), fully on-policy (one optimiser update per step, importance
+ratio 1, no KL, no entropy bonus):
+
+1. take the next P prompt ids of the epoch's permutation (data position = (epoch, cursor));
+   when the order wraps, a new epoch starts: `history.start_epoch` folds the pending
+   outcomes in and the next permutation (a deterministic function of (seed, epoch)) is used;
+2. p̂_q = frozen history estimate (NaN for unseen prompts);
+3. allocate the budget B = P·N0 with any allocator of `sera_jax.allocation.ALLOCATORS`
+   (counts N_q summing to B, multiplicity weights w_q = N0/N_q, 0 for inactive prompts);
+4. flat rollout batch: prompt q repeated N_q times (`sampling.expand_prompts`), B rows,
+   `segment_ids[r]` = prompt of row r; static shapes whatever the counts;
+5. sample (`sampling.generate`, jit, batch-sharded rows, `sampling.batch_size` rows per call)
+   and score every completion with the task verifier (host);
+6. ragged advantages (`estimators.ADVANTAGE_ESTIMATORS[config.estimator]`, MaxRL by
+   default), per-rollout weights (`estimators.rollout_weights`, or 1 without the
+   multiplicity correction);
+7. loss (`estimators.policy_gradient_loss`, the chosen aggregation, normalisers of the whole
+   batch so micro-batch losses add up exactly), gradients accumulated over static
+   micro-batches with `lax.scan` (bounded memory), one AdamW update (global-norm clip);
+8. `history.update_from_rollouts` (pending until the next epoch), metrics.
+
+The trainable state is an explicit pytree (`TrainState`: params, optimiser state, history,
+PRNG key, step, data position), checkpointed as a whole; `run(config, task, model,
+workdir)` resumes from the latest checkpoint in `workdir` and reproduces the uninterrupted
+run exactly (same XLA programs on the same inputs).
+
+Sampling log-probabilities: the loss differentiates the model's temperature-1 unfiltered
+policy. Training is exactly on-policy when `sampling.temperature == 1`, `top_p == 1` and
+`top_k == 0` (the spec's setting); other settings train the unfiltered policy on filtered
+samples, as most public RL code does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from sera_jax import checkpoint as ckpt_lib
+from sera_jax import history as history_lib
+from sera_jax import sharding as shd
+from sera_jax.estimators import get_advantage_estimator, policy_gradient_loss, rollout_weights
+from sera_jax.models.decoder import token_logprobs
+from sera_jax.rl import config as config_lib
+from sera_jax.sampling import SamplingConfig, default_row_keys, expand_prompts, generate
+from sera_jax.tasks.base import RLTask, left_pad
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything a resumed run needs (a pytree of arrays; checkpointed as a whole).
+
+    params: the policy's `nnx.State` (merge with `Trainer.graphdef`).
+    opt_state: optax AdamW (+ clip) state.
+    history: `SuccessHistory` over the split's prompt ids.
+    key: uint32[2] raw PRNG key data (`jax.random.key_data`), split once per step.
+    step: int32[], optimiser updates done.
+    epoch, cursor: int32[], data position: the next prompt is
+      `epoch_permutation(seed, epoch, M)[cursor]`.
+    """
+
+    params: Any
+    opt_state: Any
+    history: history_lib.SuccessHistory
+    key: jax.Array
+    step: jax.Array
+    epoch: jax.Array
+    cursor: jax.Array
+
+
+@flax.struct.dataclass
+class RolloutBatch:
+    """The flat rollout batch of one step, all `[B, ...]` (rows sharded over the batch axes)."""
+
+    prompt_tokens: jax.Array  # int32 [B, W], left-padded
+    prompt_mask: jax.Array  # bool [B, W]
+    completion_tokens: jax.Array  # int32 [B, T]
+    completion_mask: jax.Array  # bool [B, T], True on generated tokens (stop included)
+    advantages: jax.Array  # float32 [B]
+    weights: jax.Array  # float32 [B], multiplicity weight of the row's prompt
+
+
+@dataclasses.dataclass
+class Rollouts:
+    """Host (NumPy) record of one step's rollouts; rows are grouped by prompt.
+
+    P-shaped: prompt_ids (dataset ids), p_hat (NaN = unseen), counts N_q, prompt_weights
+    (w_q used by the loss). B-shaped: segment_ids, prompt_tokens/prompt_mask [B, W],
+    completion_tokens [B, T], lengths, truncated, rewards, advantages, weights.
+    """
+
+    prompt_ids: np.ndarray
+    p_hat: np.ndarray
+    counts: np.ndarray
+    prompt_weights: np.ndarray
+    segment_ids: np.ndarray
+    prompt_tokens: np.ndarray
+    prompt_mask: np.ndarray
+    completion_tokens: np.ndarray
+    lengths: np.ndarray
+    truncated: np.ndarray
+    rewards: np.ndarray
+    advantages: np.ndarray
+    weights: np.ndarray
+    epoch: int
+    cursor: int
+    sample_time: float
+
+    @property
+    def completion_mask(self) -> np.ndarray:
+        """bool [B, T]: generated tokens (stop token included)."""
+        return np.arange(self.completion_tokens.shape[1])[None, :] < self.lengths[:, None]
+
+
+# ----------------------------------------------------------------------------- data order
+
+
+def epoch_permutation(seed: int, epoch: int, num_prompts: int) -> np.ndarray:
+    """The prompt order of `epoch`: a permutation of 0..num_prompts-1 fixed by (seed, epoch).
+
+    Host NumPy (`default_rng([seed, epoch])`), so every process and every resumed run gets
+    the same order without communication.
+    """
+    return np.random.default_rng([int(seed), int(epoch)]).permutation(num_prompts)
+
+
+def next_prompt_ids(
+    seed: int, num_prompts: int, batch: int, epoch: int, cursor: int
+) -> tuple[np.ndarray, int, int, int]:
+    """The next `batch` prompt ids from data position (epoch, cursor).
+
+    Returns `(ids, epoch, cursor, epochs_started)`. A batch that reaches the end of the
+    epoch's order continues with the next epoch's permutation (so no prompt is skipped and
+    every epoch visits every prompt exactly once); `epochs_started` counts the epoch
+    boundaries crossed *before* the batch's last prompt (the trainer calls
+    `history.start_epoch` that many times before allocating).
+    """
+    if not 1 <= batch <= num_prompts:
+        raise ValueError(f"prompts_per_step={batch} must be in [1, split size={num_prompts}]")
+    ids, started = [], 0
+    while len(ids) < batch:
+        if cursor >= num_prompts:
+            epoch, cursor, started = epoch + 1, 0, started + 1
+        take = min(batch - len(ids), num_prompts - cursor)
+        ids.extend(epoch_permutation(seed, epoch, num_prompts)[cursor : cursor + take].tolist())
+        cursor += take
+    return np.asarray(ids, np.int32), epoch, cursor, started
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """AdamW with a constant learning rate, after global-norm clipping (0 = no clipping)."""
+    o = config.optimizer
+    adamw = optax.adamw(o.learning_rate, b1=o.b1, b2=o.b2, eps=o.eps,
+                        weight_decay=o.weight_decay)
+    return optax.chain(optax.clip_by_global_norm(o.grad_clip), adamw) if o.grad_clip > 0 else adamw
+
+
+def allocator_kwargs(fn: Callable, config: ml_collections.ConfigDict, shift: int) -> dict:
+    """The config's allocation options that `fn` accepts (allocators share a core signature
+    `(p, budget, *, n_min, n_max, ...)`; SERA also takes mode/rounding/threshold/unseen)."""
+    a = config.allocation
+    candidates = {"n_min": config.n_min, "n_max": config.n_max, "mode": a.mode,
+                  "rounding": a.rounding, "threshold": a.threshold, "shift": shift,
+                  "unseen": a.unseen}
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return candidates
+    return {k: v for k, v in candidates.items() if k in params}
+
+
+def _split_micro(x: jax.Array, num_micro: int, mesh: Mesh) -> jax.Array:
+    """[B, ...] -> [M, B/M, ...]; micro-batch m holds rows r with r % M == m.
+
+    Strided (not contiguous) micro-batches keep every micro-batch spread over all batch
+    shards: the reshape [B] -> [B/M, M] leaves the sharded dimension in place, so no data
+    moves between devices.
+    """
+    b = x.shape[0]
+    x = x.reshape(b // num_micro, num_micro, *x.shape[1:])
+    x = jnp.swapaxes(x, 0, 1)
+    spec = PartitionSpec(None, shd.BATCH_AXES, *([None] * (x.ndim - 2)))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def rollout_loss(
+    model: nnx.Module,
+    batch: RolloutBatch,
+    *,
+    aggregation: str,
+    num_prompts: int,
+    n0: int,
+    max_len: int,
+    num_tokens: jax.Array,
+) -> jax.Array:
+    """Policy-gradient surrogate of a (micro-)batch: recompute log π of the completions
+    under `model` (one forward over prompt + completion) and apply
+    `estimators.policy_gradient_loss` with whole-batch normalisers (P·N0, `num_tokens`)."""
+    width = batch.prompt_tokens.shape[1]
+    tokens = jnp.concatenate([batch.prompt_tokens, batch.completion_tokens], axis=1)
+    mask = jnp.concatenate([batch.prompt_mask, batch.completion_mask], axis=1)
+    logprobs = token_logprobs(model, tokens, mask)[:, width:]
+    return policy_gradient_loss(
+        logprobs, batch.completion_mask, batch.advantages, batch.weights,
+        aggregation=aggregation, num_prompts=num_prompts, n0=n0, max_len=max_len,
+        num_tokens=num_tokens,
+    )
+
+
+# ----------------------------------------------------------------------------- trainer
+
+
+class Trainer:
+    """Builds the jitted programs for one (config, task, model graph, mesh) and runs steps.
+
+    Usage::
+
+        trainer = Trainer(config, task, model, mesh)
+        state = trainer.init_state(model)          # sharded onto the mesh
+        for _ in range(n):
+            state, metrics = trainer.step(state)
+
+    `model` is only read for its graph and parameters; the trainer never mutates it.
+    """
+
+    def __init__(self, config: ml_collections.ConfigDict, task: RLTask, model: nnx.Module,
+                 mesh: Mesh | None = None, rules: Mapping[str, Any] = shd.LOGICAL_RULES):
+        config_lib.validate(config)
+        from sera_jax.allocation import ALLOCATORS  # late: keeps import order flexible
+
+        self.config = config
+        self.task = task
+        self.mesh = mesh if mesh is not None else shd.make_mesh(dict(config.mesh))
+        self.num_prompts = int(task.split_size(config.split))
+        self.batch_prompts = int(config.prompts_per_step)
+        if self.batch_prompts > self.num_prompts:
+            raise ValueError(f"config.prompts_per_step={self.batch_prompts} exceeds the "
+                             f"{self.num_prompts} prompts of split {config.split!r}")
+        self.budget = config_lib.budget(config)
+        self.micro = int(config.micro_batch_size) or self.budget
+        self.sample_rows = int(config.sampling.batch_size) or self.budget
+        divisor = shd.batch_divisor(self.mesh)
+        for field, rows in (("micro_batch_size", self.micro),
+                            ("sampling.batch_size", self.sample_rows)):
+            if rows % divisor:
+                raise ValueError(f"config.{field} gives {rows} rows per call, not a multiple of "
+                                 f"the {divisor} batch shards of mesh {dict(self.mesh.shape)}")
+        self.estimator = get_advantage_estimator(config.estimator)
+        self.allocator = ALLOCATORS[config.allocation.name]
+        shift = self.estimator.kappa_shift if self.estimator.kappa_shift is not None else 1
+        self.kappa_shift = shift
+        self.allocator_kwargs = allocator_kwargs(self.allocator, config, shift)
+        self.tx = make_optimizer(config)
+
+        s = config.sampling
+        greedy = s.temperature == 0
+        self.sampling = SamplingConfig(
+            max_new_tokens=int(task.max_new_tokens), temperature=1.0 if greedy else s.temperature,
+            top_p=s.top_p, top_k=s.top_k, greedy=greedy, stop_ids=tuple(task.stop_ids),
+            pad_id=int(task.pad_id))
+        self.loss_len = int(config.loss_norm_length) or int(task.max_new_tokens)
+
+        self.graphdef, params = nnx.split(model)
+        self.param_shardings = shd.state_shardings(params, self.mesh, rules)
+        abstract_opt = jax.eval_shape(self.tx.init, params)
+        self.opt_shardings = optax.tree_map_params(
+            self.tx, lambda _, s: s, abstract_opt, self.param_shardings,
+            transform_non_params=lambda _: shd.replicated(self.mesh),
+            is_leaf=lambda x: isinstance(x, nnx.Variable))
+        rep = shd.replicated(self.mesh)
+        self.history_shardings = jax.tree.map(
+            lambda _: rep, history_lib.SuccessHistory.create(1))
+        self.state_shardings = TrainState(
+            params=self.param_shardings, opt_state=self.opt_shardings,
+            history=self.history_shardings, key=rep, step=rep, epoch=rep, cursor=rep)
+        self._train_step = self._build_train_step()
+
+    # --------------------------------------------------------------- state
+
+    def init_state(self, model: nnx.Module) -> TrainState:
+        """Fresh state from `model`'s parameters: zero optimiser moments, empty history,
+        key from `config.seed`, step 0, data position (0, 0); placed on the mesh."""
+        params = jax.device_put(nnx.state(model), self.param_shardings)
+        opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(params)
+        h = self.config.history
+        history = history_lib.SuccessHistory.create(self.num_prompts, h.alpha, h.beta, h.gamma)
+        key = jax.random.key_data(jax.random.key(self.config.seed))
+        host = dict(history=history, key=key, step=np.int32(0), epoch=np.int32(0),
+                    cursor=np.int32(0))
+        host = shd.replicate(jax.tree.map(np.asarray, host), self.mesh)
+        return TrainState(params=params, opt_state=opt_state, **host)
+
+    def abstract_state(self, state: TrainState) -> TrainState:
+        """ShapeDtypeStructs (with shardings) of `state`: the restore target."""
+        return jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            state, self.state_shardings)
+
+    def model(self, state: TrainState) -> nnx.Module:
+        """The policy with `state`'s parameters (a view for sampling / evaluation)."""
+        return nnx.merge(self.graphdef, state.params)
+
+    # --------------------------------------------------------------- jitted programs
+
+    def _build_train_step(self):
+        c = self.config
+        graphdef, mesh, tx = self.graphdef, self.mesh, self.tx
+        num_micro = self.budget // self.micro
+        loss_kwargs = dict(aggregation=c.aggregation, num_prompts=self.batch_prompts,
+                           n0=int(c.rollouts_per_prompt), max_len=self.loss_len)
+
+        def loss_fn(params, batch, num_tokens):
+            model = nnx.merge(graphdef, params)
+            return rollout_loss(model, batch, num_tokens=num_tokens, **loss_kwargs)
+
+        grad_fn = jax.value_and_grad(loss_fn)
+
+        def gradients(params, batch: RolloutBatch):
+            # Whole-batch token count: micro-batch token-mean losses then add up exactly.
+            num_tokens = jnp.sum(batch.completion_mask, dtype=jnp.float32)
+            if num_micro == 1:
+                return grad_fn(params, batch, num_tokens)
+            micro = jax.tree.map(lambda x: _split_micro(x, num_micro, mesh), batch)
+
+            def body(carry, mb):
+                loss, grads = carry
+                micro_loss, g = grad_fn(params, mb, num_tokens)
+                return (loss + micro_loss, jax.tree.map(jnp.add, grads, g)), None
+
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            (loss, grads), _ = jax.lax.scan(body, (jnp.float32(0), zeros), micro)
+            return loss, grads
+
+        def train_step(params, opt_state, batch: RolloutBatch):
+            loss, grads = gradients(params, batch)
+            grad_norm = optax.global_norm(grads)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+            return params, opt_state, {"loss": loss, "grad_norm": grad_norm,
+                                       "param_norm": optax.global_norm(params)}
+
+        rows = lambda ndim: shd.batch_sharding(mesh, ndim)  # noqa: E731
+        self.batch_shardings = RolloutBatch(rows(2), rows(2), rows(2), rows(2), rows(1), rows(1))
+        rep = shd.replicated(mesh)
+        #: `(loss, grads) = trainer.gradients(params, batch)`: the accumulated gradient of
+        #: one step's loss (not donating; for tests and gradient analyses).
+        self.gradients = jax.jit(gradients, in_shardings=(self.param_shardings,
+                                                          self.batch_shardings),
+                                 out_shardings=(rep, self.param_shardings))
+        return jax.jit(
+            train_step,
+            in_shardings=(self.param_shardings, self.opt_shardings, self.batch_shardings),
+            out_shardings=(self.param_shardings, self.opt_shardings, rep),
+            donate_argnums=(0, 1),
+        )
+
+    # --------------------------------------------------------------- one step
+
+    def sample(self, state: TrainState, prompt_tokens: np.ndarray, prompt_mask: np.ndarray,
+               key: jax.Array):
+        """Sample completions for `[B, W]` host prompt rows, `sampling.batch_size` rows per
+        call; row r uses key `fold_in(key, r)` however the rows are chunked."""
+        model = self.model(state)
+        keys = default_row_keys(key, prompt_tokens.shape[0])
+        outs = []
+        for start in range(0, prompt_tokens.shape[0], self.sample_rows):
+            sl = slice(start, start + self.sample_rows)
+            toks, mask = shd.shard_batch((prompt_tokens[sl], prompt_mask[sl]), self.mesh)
+            outs.append(generate(model, toks, mask, None, self.sampling, row_keys=keys[sl]))
+        if len(outs) == 1:
+            return outs[0]
+        return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *outs)
+
+    def collect(self, state: TrainState) -> tuple[Rollouts, history_lib.SuccessHistory, Any]:
+        """Steps 1-6 of the module docstring: choose prompts, allocate, sample, score and
+        compute advantages/weights. Returns the host record, the history after any epoch
+        start, and the PRNG key to carry on."""
+        c, task = self.config, self.task
+        epoch, cursor = int(shd.to_host(state.epoch)), int(shd.to_host(state.cursor))
+        ids, epoch, cursor, started = next_prompt_ids(
+            c.seed, self.num_prompts, self.batch_prompts, epoch, cursor)
+        history = state.history
+        for _ in range(started):
+            history = history_lib.start_epoch(history)
+
+        # Allocate on host values: identical on every process, validated before any jit.
+        p_hat = shd.to_host(history_lib.lookup(history, jnp.asarray(ids)))
+        alloc = self.allocator(jnp.asarray(p_hat), self.budget, **self.allocator_kwargs)
+        counts = shd.to_host(alloc.counts).astype(np.int32)
+        prompt_weights = (shd.to_host(alloc.weights).astype(np.float32) if c.allocation.multiplicity
+                          else (counts > 0).astype(np.float32))
+
+        prompts, pmask = left_pad(task.prompt_tokens(c.split, ids.tolist()),
+                                  int(task.max_prompt_len), int(task.pad_id))
+        rows, rows_mask, segment_ids = (shd.to_host(x) for x in expand_prompts(
+            jnp.asarray(prompts), jnp.asarray(pmask), jnp.asarray(counts), self.budget))
+
+        key = jax.random.wrap_key_data(jnp.asarray(shd.to_host(state.key)))
+        key, sample_key = jax.random.split(key)
+        t_sample = time.perf_counter()
+        out = self.sample(state, rows, rows_mask, sample_key)
+        tokens, lengths, truncated = (shd.to_host(x) for x in (out.tokens, out.lengths,
+                                                           out.truncated))
+        t_sample = time.perf_counter() - t_sample
+
+        row_ids = ids[segment_ids]
+        completions = [tokens[r, : lengths[r]] for r in range(self.budget)]
+        rewards = np.asarray(task.score(c.split, row_ids.tolist(), completions, truncated),
+                             np.float32)
+        if rewards.shape != (self.budget,):
+            raise ValueError(f"task.score returned shape {rewards.shape}; expected "
+                             f"({self.budget},), one reward per completion")
+        advantages = shd.to_host(self.estimator(rewards, segment_ids, self.batch_prompts))
+        weights = shd.to_host(rollout_weights(prompt_weights, segment_ids))
+        rollouts = Rollouts(
+            prompt_ids=ids, p_hat=p_hat, counts=counts, prompt_weights=prompt_weights,
+            segment_ids=segment_ids.astype(np.int32), prompt_tokens=rows,
+            prompt_mask=rows_mask, completion_tokens=tokens, lengths=lengths,
+            truncated=truncated, rewards=rewards, advantages=advantages.astype(np.float32),
+            weights=weights.astype(np.float32), epoch=epoch, cursor=cursor,
+            sample_time=t_sample)
+        return rollouts, history, key
+
+    def device_batch(self, rollouts: Rollouts) -> RolloutBatch:
+        """The rollouts as a `RolloutBatch` of global arrays on the batch sharding."""
+        return RolloutBatch(*shd.shard_batch(
+            (rollouts.prompt_tokens, rollouts.prompt_mask, rollouts.completion_tokens,
+             rollouts.completion_mask, rollouts.advantages, rollouts.weights), self.mesh))
+
+    def step(self, state: TrainState, *, return_rollouts: bool = False):
+        """One on-policy step (see the module docstring).
+
+        Returns `(new_state, metrics)`, or `(new_state, metrics, rollouts)` when
+        `return_rollouts`. `state.params` and `state.opt_state` are donated (invalid after).
+        """
+        t0 = time.perf_counter()
+        rollouts, history, key = self.collect(state)
+        params, opt_state, train_metrics = self._train_step(
+            state.params, state.opt_state, self.device_batch(rollouts))
+        history = history_lib.update_from_rollouts(
+            history, jnp.asarray(rollouts.prompt_ids), jnp.asarray(rollouts.segment_ids),
+            jnp.asarray(rollouts.rewards))
+        new_state = TrainState(
+            params=params, opt_state=opt_state,
+            history=shd.replicate(jax.tree.map(shd.to_host, history), self.mesh),
+            **shd.replicate(dict(key=np.asarray(jax.random.key_data(key)),
+                                 step=np.int32(shd.to_host(state.step) + 1),
+                                 epoch=np.int32(rollouts.epoch),
+                                 cursor=np.int32(rollouts.cursor)), self.mesh))
+        metrics = self._metrics(rollouts)
+        metrics.update({k: float(shd.to_host(v)) for k, v in train_metrics.items()})
+        metrics.update(epoch=float(rollouts.epoch), step_time=time.perf_counter() - t0,
+                       sample_time=rollouts.sample_time,
+                       tokens_per_s=metrics["generated_tokens"] / max(rollouts.sample_time,
+                                                                      1e-9))
+        return (new_state, metrics, rollouts) if return_rollouts else (new_state, metrics)
+
+    def _metrics(self, r: Rollouts) -> dict[str, float]:
+        from sera_jax.scaling import kappa
+
+        p_hat, counts, segment_ids, rewards = r.p_hat, r.counts, r.segment_ids, r.rewards
+        lengths, truncated = r.lengths, r.truncated
+        active = counts > 0
+        successes = np.bincount(segment_ids, weights=rewards, minlength=self.batch_prompts)
+        mixed = active & (successes > 0) & (successes < counts)
+        act_counts = counts[active].astype(np.float64)
+        seen = active & np.isfinite(p_hat)
+        if seen.any():
+            k = np.asarray(kappa(jnp.asarray(p_hat[seen]), jnp.asarray(counts[seen]),
+                                 self.kappa_shift))
+            kappa_min, kappa_mean = float(k.min()), float(k.mean())
+        else:  # no estimate yet (first epoch): κ undefined
+            kappa_min = kappa_mean = math.nan
+        return {
+            "reward_mean": float(rewards.mean()),
+            "mixed_fraction": float(mixed.sum() / max(active.sum(), 1)),
+            "active_prompts": float(active.sum()),
+            "rollouts_min": float(act_counts.min()),
+            "rollouts_max": float(act_counts.max()),
+            "rollouts_std": float(act_counts.std()),
+            "kappa_min": kappa_min,
+            "kappa_mean": kappa_mean,
+            "generated_tokens": float(lengths.sum()),
+            "truncated_fraction": float(truncated.mean()),
+        }
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def initialize_distributed(config: ml_collections.ConfigDict) -> bool:
+    """`jax.distributed.initialize` when `config.multihost.enabled` (call before any JAX op)."""
+    m = config.multihost
+    return shd.initialize_distributed(m.enabled, m.coordinator_address or None,
+                                      m.num_processes or None,
+                                      m.process_id if m.process_id >= 0 else None)
+
+
+def checkpoint_meta(config: ml_collections.ConfigDict, state: TrainState) -> dict[str, Any]:
+    """JSON metadata stored next to the state (human-readable data position and config)."""
+    return {"step": int(shd.to_host(state.step)), "epoch": int(shd.to_host(state.epoch)),
+            "cursor": int(shd.to_host(state.cursor)), "config": json.loads(config.to_json())}
+
+
+class MetricWriter:
+    """TensorBoard scalars (tensorboardX, process 0 only) plus a periodic log line."""
+
+    def __init__(self, logdir: str | None, log_every: int):
+        self.log_every = log_every
+        self._writer = None
+        if logdir and jax.process_index() == 0:
+            from tensorboardX import SummaryWriter
+
+            self._writer = SummaryWriter(logdir)
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        if self._writer is not None:
+            for name, value in metrics.items():
+                self._writer.add_scalar(name, value, step)
+        if step % self.log_every == 0 or step == 1:
+            keys = ("reward_mean", "mixed_fraction", "rollouts_min", "rollouts_max",
+                    "kappa_min", "kappa_mean", "loss", "tokens_per_s", "step_time")
+            logging.info("step %d | %s", step, " ".join(
+                f"{k}={metrics[k]:.4g}" for k in keys if k in metrics))
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def run(
+    config: ml_collections.ConfigDict,
+    task: RLTask,
+    model: nnx.Module,
+    workdir: str | os.PathLike,
+    *,
+    mesh: Mesh | None = None,
+    eval_fn: Callable[[Trainer, TrainState], Mapping[str, float]] | None = None,
+    eval_every: int = 0,
+) -> tuple[Trainer, TrainState]:
+    """Train for `config.num_steps` steps, resuming from the latest checkpoint in `workdir`.
+
+    Writes `workdir/checkpoints/<step>` every `config.checkpoint_every` steps and at the end,
+    TensorBoard scalars to `workdir/tensorboard`, and logs every `config.log_every` steps.
+    `model` supplies the graph and the initial parameters (ignored when resuming).
+    `eval_fn(trainer, state)` runs every `eval_every` steps (0 = never); its scalars go to
+    TensorBoard under `eval/`. In a multi-host job call `initialize_distributed(config)`
+    before creating the model; every process runs `run` with the same arguments.
+    """
+    if config.multihost.enabled and not jax.distributed.is_initialized():
+        raise ValueError("config.multihost.enabled is set but jax.distributed is not "
+                         "initialised: call sera_jax.rl.trainer.initialize_distributed(config) "
+                         "before any other JAX call")
+    workdir = os.fspath(workdir)
+    trainer = Trainer(config, task, model, mesh)
+    state = trainer.init_state(model)
+    checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                         max_to_keep=config.max_checkpoints_to_keep)
+    if checkpointer.latest_step() is not None:
+        state, meta = checkpointer.restore(trainer.abstract_state(state))
+        logging.info("resumed from %s at step %d (epoch %d, cursor %d)",
+                     checkpointer.directory, meta["step"], meta["epoch"], meta["cursor"])
+    writer = MetricWriter(os.path.join(workdir, "tensorboard"), config.log_every)
+    step = int(shd.to_host(state.step))
+    try:
+        while step < config.num_steps:
+            state, metrics = trainer.step(state)
+            step += 1
+            writer.write(step, metrics)
+            if eval_every and step % eval_every == 0 and eval_fn is not None:
+                writer.write(step, {f"eval/{k}": v for k, v in eval_fn(trainer, state).items()})
+            if (config.checkpoint_every and step % config.checkpoint_every == 0) or \
+                    step == config.num_steps:
+                checkpointer.save(step, state, checkpoint_meta(config, state))
+    finally:
+        checkpointer.close()
+        writer.close()
+    return trainer, state
+
+
+__all__ = [
+    "RolloutBatch",
+    "Rollouts",
+    "TrainState",
+    "Trainer",
+    "epoch_permutation",
+    "initialize_distributed",
+    "make_optimizer",
+    "next_prompt_ids",
+    "rollout_loss",
+    "run",
+]

@@ -1,0 +1,377 @@
+"""Autoregressive sampling: jit prefill + `lax.while_loop` decode over a fixed-size KV cache.
+
+One compiled program per (model graph, batch, prompt width, `SamplingConfig`): the prompt
+is prefilled in one forward pass, then each loop iteration feeds one token per row and
+samples the next. Shapes never change inside the loop (the cache has room for prompt +
+completion from the start), rows that emitted a stop token keep running on pad tokens
+(masked out of the cache) and the loop exits early once every row is done.
+
+Padding. Prompts are *left*-padded (`sera_jax.tasks.base.left_pad`), positions are
+`cumsum(mask) - 1` and pad slots are invalid in the cache, so a row's computation does not
+depend on how much padding it got: a batch of prompts of different lengths yields the same
+tokens as sampling each prompt alone. Randomness is per row: row r draws step t from
+`fold_in(row_keys[r], t)`, where by default `row_keys[r] = fold_in(key, r)`; pass explicit
+`row_keys` to make a row's sample independent of its position in the batch.
+
+Log-probabilities. `SampleOutput.logprobs` is `log pi(y_t | x, y_<t)` under the model's
+*temperature-1, unfiltered* policy -- the policy an on-policy trainer differentiates (the
+importance ratio of MaxRL/GRPO is computed against it). `SampleOutput.sampling_logprobs` is
+the log-probability under the distribution actually sampled from (temperature, top-k,
+top-p applied; 0 for greedy). The two agree when temperature == 1 and no filter is on.
+
+Sharding. Nothing here names a device: pass params and prompts that carry `NamedSharding`s
+and the jitted program is partitioned by XLA's propagation (batch-sharded prompts give a
+batch-sharded cache).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from sera_jax.models.decoder import KVCache, init_cache, positions_from_mask
+
+# Weight of a filtered-out token: -inf gives exact zeros in softmax / categorical.
+_NEG_INF = -jnp.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How to turn next-token logits into tokens (hashable: a static argument of jit).
+
+    Attributes:
+      max_new_tokens: completion length budget (>= 1); a row that reaches it without a stop
+        token is `truncated`.
+      temperature: logits are divided by it before filtering/sampling (> 0; ignored when
+        `greedy`).
+      top_p: nucleus mass in (0, 1]: keep the smallest set of most likely tokens whose
+        probability (after temperature and top-k) reaches `top_p`; 1.0 disables.
+      top_k: keep the `top_k` most likely tokens (ties at the boundary are all kept);
+        0 disables.
+      greedy: argmax decoding (temperature / top-k / top-p ignored).
+      stop_ids: generation of a row ends after any of these tokens (which is kept).
+      pad_id: written after a row's stop token.
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+    stop_ids: tuple[int, ...] = ()
+    pad_id: int = 0
+
+    def __post_init__(self):
+        if int(self.max_new_tokens) < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        if not self.greedy and not float(self.temperature) > 0.0:
+            raise ValueError(
+                f"temperature={self.temperature} must be > 0 (use greedy=True for argmax)"
+            )
+        if not 0.0 < float(self.top_p) <= 1.0:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1] (1.0 disables it)")
+        if int(self.top_k) < 0:
+            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 disables it)")
+        # Normalise so equal configs hash equal (a list or numpy ints would break jit caching).
+        object.__setattr__(self, "stop_ids", tuple(int(s) for s in self.stop_ids))
+
+    def validate_vocab(self, vocab_size: int) -> None:
+        """Raise ValueError when a token id or `top_k` does not fit a vocabulary of this size."""
+        for name, ids in (("stop_ids", self.stop_ids), ("pad_id", (self.pad_id,))):
+            bad = [i for i in ids if not 0 <= i < vocab_size]
+            if bad:
+                raise ValueError(f"{name} contains {bad}, outside [0, {vocab_size})")
+        if self.top_k > vocab_size:
+            raise ValueError(f"top_k={self.top_k} exceeds the vocabulary size {vocab_size}")
+
+
+@flax.struct.dataclass
+class SampleOutput:
+    """Completions of a batch (a pytree; every field has leading batch dimension B).
+
+    tokens: int32 [B, max_new_tokens], `pad_id` after the stop token.
+    logprobs: float32 [B, max_new_tokens], log pi(token) at temperature 1, unfiltered;
+      0 after the stop token.
+    sampling_logprobs: float32 [B, max_new_tokens], log-prob under the sampling distribution
+      actually used (temperature/top-k/top-p; 0 for greedy); 0 after the stop token.
+    lengths: int32 [B], generated tokens including the stop token.
+    truncated: bool [B], True when the row hit `max_new_tokens` without a stop token.
+    """
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    sampling_logprobs: jax.Array
+    lengths: jax.Array
+    truncated: jax.Array
+
+    @property
+    def mask(self) -> jax.Array:
+        """bool [B, max_new_tokens]: True on generated tokens (stop token included)."""
+        return jnp.arange(self.tokens.shape[1])[None, :] < self.lengths[:, None]
+
+
+def filter_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
+    """Logits of the sampling distribution: `logits / T`, then top-k, then top-p masking.
+
+    Removed tokens get -inf, so `softmax` of the result is the renormalised distribution
+    that `generate` samples from. Order and semantics follow the common convention
+    (Hugging Face `generate`): temperature, top-k (keep logits >= the k-th largest), top-p
+    (keep a token when the mass of strictly more likely tokens is < top_p; the most likely
+    token is always kept). Works on any leading shape `[..., V]`.
+    """
+    logits = logits.astype(jnp.float32) / jnp.float32(config.temperature)
+    vocab = logits.shape[-1]
+    k = config.top_k if 0 < config.top_k < vocab else 0
+    if k == 0 and config.top_p >= 1.0:
+        return logits
+    # Only the top max(k, ...) values are ever needed; a full sort only when top-p runs
+    # without top-k (lax.top_k with k = V is the sort).
+    top_vals, _ = jax.lax.top_k(logits, k if k else vocab)
+    threshold = top_vals[..., -1:]
+    if config.top_p < 1.0:
+        probs = jax.nn.softmax(top_vals, axis=-1)  # renormalised over the top-k survivors
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        num_kept = jnp.sum(mass_before < config.top_p, axis=-1, keepdims=True)  # >= 1
+        threshold = jnp.take_along_axis(top_vals, num_kept - 1, axis=-1)
+    return jnp.where(logits < threshold, _NEG_INF, logits)
+
+
+def sample_tokens(
+    logits: jax.Array, keys: jax.Array | None, config: SamplingConfig
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Draw one token per row from `[B, V]` logits.
+
+    `keys` holds one PRNG key per row (unused when greedy), so row r's draw depends only on
+    `keys[r]` and `logits[r]`. Returns `(tokens int32[B], logprobs, sampling_logprobs)`:
+    `logprobs = log_softmax(logits)[token]` (temperature 1, unfiltered) and
+    `sampling_logprobs = log_softmax(filter_logits(logits))[token]` (0 for greedy).
+    """
+    logits = logits.astype(jnp.float32)
+    if config.greedy:
+        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        sampling_logprobs = jnp.zeros(tokens.shape, jnp.float32)
+    else:
+        filtered = filter_logits(logits, config)
+        tokens = jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
+        sampling_logprobs = _gather(jax.nn.log_softmax(filtered, axis=-1), tokens)
+    logprobs = _gather(jax.nn.log_softmax(logits, axis=-1), tokens)
+    return tokens, logprobs, sampling_logprobs
+
+
+def _gather(values: jax.Array, index: jax.Array) -> jax.Array:
+    return jnp.take_along_axis(values, index[:, None], axis=-1)[:, 0]
+
+
+def cache_length(prompt_width: int, config: SamplingConfig) -> int:
+    """KV-cache slots `generate` needs: the prompt plus every fed-back completion token.
+
+    The last sampled token is never fed back, hence `- 1`.
+    """
+    return prompt_width + config.max_new_tokens - 1
+
+
+def default_row_keys(key: jax.Array, batch: int) -> jax.Array:
+    """Per-row keys `fold_in(key, r)` for r in [0, batch): row r's stream depends on r only."""
+    return jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(batch, dtype=jnp.uint32))
+
+
+def generate(
+    model: nnx.Module,
+    prompt_tokens: jax.Array,
+    prompt_mask: jax.Array,
+    key: jax.Array | None,
+    config: SamplingConfig,
+    *,
+    row_keys: jax.Array | None = None,
+) -> SampleOutput:
+    """Sample `config.max_new_tokens` tokens after each left-padded prompt.
+
+    Args:
+      model: a decoder following the `sera_jax.models.decoder` contract
+        (`logits, cache = model(tokens, positions, cache, attention_mask)`).
+      prompt_tokens: int32 [B, W], left-padded.
+      prompt_mask: bool [B, W], True on real tokens; every row needs at least one, and
+        real tokens must be contiguous at the right end (left padding).
+      key: PRNG key; row r uses `fold_in(key, r)`. Ignored when `row_keys` is given; may be
+        None for greedy decoding.
+      config: a `SamplingConfig`.
+      row_keys: optional per-row keys [B] (typed) or [B, 2] (raw uint32), e.g.
+        `fold_in(key, prompt_id * n + sample_index)`, so that a row's sample does not
+        depend on which other rows share the batch.
+
+    A KV cache of `cache_length(W, config)` slots is allocated inside the jitted program.
+    Use `generate_with_cache` to recycle one buffer (donated) across calls.
+    """
+    output, _ = _run(model, prompt_tokens, prompt_mask, key, config, row_keys, cache=None)
+    return output
+
+
+def generate_with_cache(
+    model: nnx.Module,
+    prompt_tokens: jax.Array,
+    prompt_mask: jax.Array,
+    key: jax.Array | None,
+    config: SamplingConfig,
+    cache: KVCache,
+    *,
+    row_keys: jax.Array | None = None,
+) -> tuple[SampleOutput, KVCache]:
+    """`generate` writing into a caller-provided cache, which is DONATED.
+
+    `cache` (e.g. from `init_cache(cfg, B, cache_length(W, config), dtype)` with the
+    caller's sharding, or the cache returned by the previous call) must have batch B and at
+    least `cache_length(W, config)` slots; its contents are ignored (validity and index are
+    reset inside). The input buffer is consumed: use the returned cache for the next call,
+    which then reuses the same memory and the same compiled program.
+    """
+    width = prompt_tokens.shape[1]
+    need = cache_length(width, config)
+    if cache.k.shape[1] != prompt_tokens.shape[0] or cache.k.shape[2] < need:
+        raise ValueError(
+            f"cache has batch {cache.k.shape[1]} and {cache.k.shape[2]} slots; need batch "
+            f"{prompt_tokens.shape[0]} and >= cache_length({width}, config) = {need} slots"
+        )
+    return _run(model, prompt_tokens, prompt_mask, key, config, row_keys, cache=cache)
+
+
+def _run(model, prompt_tokens, prompt_mask, key, config, row_keys, cache):
+    cfg = model.cfg
+    config.validate_vocab(cfg.vocab_size)
+    prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
+    prompt_mask = jnp.asarray(prompt_mask, bool)
+    _validate_prompts(prompt_tokens, prompt_mask, cfg.vocab_size)
+    batch = prompt_tokens.shape[0]
+    if row_keys is None:
+        if key is None:
+            if not config.greedy:
+                raise ValueError("key=None needs greedy=True or explicit row_keys")
+            key = jax.random.key(0)  # unused by greedy decoding; keeps one code path
+        row_keys = default_row_keys(key, batch)
+    elif row_keys.shape[0] != batch:
+        raise ValueError(f"row_keys has {row_keys.shape[0]} rows; the batch has {batch}")
+    graphdef, state = nnx.split(model)
+    return _generate_jit(
+        graphdef, state, prompt_tokens, prompt_mask, row_keys, cache, config=config
+    )
+
+
+def _validate_prompts(tokens: jax.Array, mask: jax.Array, vocab_size: int) -> None:
+    """Host-side checks (skipped under tracing, where values are unknown)."""
+    if tokens.ndim != 2 or mask.shape != tokens.shape:
+        raise ValueError(
+            f"prompt_tokens {tokens.shape} and prompt_mask {mask.shape} must both be [B, W]"
+        )
+    if isinstance(tokens, jax.core.Tracer) or isinstance(mask, jax.core.Tracer):
+        return
+    # Reductions run where the data lives (sharded arrays included); only scalars come back.
+    if not bool(jnp.all(jnp.any(mask, axis=1))):
+        rows = np.flatnonzero(~np.asarray(jnp.any(mask, axis=1)))
+        raise ValueError(f"prompt_mask rows {rows[:8].tolist()} have no real token")
+    if not bool(jnp.all(mask[:, 1:] >= mask[:, :-1])):
+        raise ValueError(
+            "prompt_mask is not left-padded (a pad follows a real token); build prompts "
+            "with sera_jax.tasks.base.left_pad"
+        )
+    if not bool(jnp.all(jnp.where(mask, (tokens >= 0) & (tokens < vocab_size), True))):
+        raise ValueError(f"prompt_tokens has ids outside [0, {vocab_size})")
+
+
+@jax.jit(static_argnames=("graphdef", "config"), donate_argnames=("cache",))
+def _generate_jit(graphdef, state, prompt_tokens, prompt_mask, row_keys, cache, *, config):
+    model = nnx.merge(graphdef, state)
+    cfg = model.cfg
+    batch, width = prompt_tokens.shape
+    steps = config.max_new_tokens
+    if cache is None:
+        cache = init_cache(cfg, batch, cache_length(width, config))
+    else:  # recycled buffer: stale K/V are harmless once no slot is valid
+        cache = cache.replace(valid=jnp.zeros_like(cache.valid), index=jnp.zeros_like(cache.index))
+
+    def draw(logits, step):
+        keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(row_keys)
+        return sample_tokens(logits, keys, config)
+
+    logits, cache = model(
+        prompt_tokens, positions_from_mask(prompt_mask), cache=cache, attention_mask=prompt_mask
+    )
+    first, lp, slp = draw(logits[:, -1], 0)
+    stop_ids = jnp.asarray(config.stop_ids, jnp.int32)
+    done = jnp.isin(first, stop_ids)
+    buffers = (
+        jnp.full((batch, steps), config.pad_id, jnp.int32).at[:, 0].set(first),
+        jnp.zeros((batch, steps), jnp.float32).at[:, 0].set(lp),
+        jnp.zeros((batch, steps), jnp.float32).at[:, 0].set(slp),
+    )
+    prompt_len = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)
+
+    def cond(carry):
+        step, _, done, _, _ = carry
+        return (step < steps) & ~jnp.all(done)
+
+    def body(carry):
+        # Feed token step-1 (at position prompt_len + step - 1), sample token `step`.
+        step, last, done, cache, buffers = carry
+        positions = (prompt_len + step - 1)[:, None]
+        logits, cache = model(last[:, None], positions, cache=cache, attention_mask=~done[:, None])
+        token, lp, slp = draw(logits[:, 0], step)
+        token = jnp.where(done, config.pad_id, token)
+        values = (token, jnp.where(done, 0.0, lp), jnp.where(done, 0.0, slp))
+        buffers = tuple(
+            jax.lax.dynamic_update_slice_in_dim(buf, val[:, None], step, axis=1)
+            for buf, val in zip(buffers, values)
+        )
+        done = done | jnp.isin(token, stop_ids)
+        return step + 1, token, done, cache, buffers
+
+    step, _, done, cache, buffers = jax.lax.while_loop(
+        cond, body, (jnp.int32(1), first, done, cache, buffers)
+    )
+    tokens, logprobs, sampling_logprobs = buffers
+    # A row's length: steps until (and including) its first stop token, else all steps.
+    is_stop = jnp.isin(tokens, stop_ids)
+    first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), steps - 1)
+    output = SampleOutput(
+        tokens=tokens,
+        logprobs=logprobs,
+        sampling_logprobs=sampling_logprobs,
+        lengths=(first_stop + 1).astype(jnp.int32),
+        truncated=~done,
+    )
+    del step
+    return output, cache
+
+
+def expand_prompts(
+    prompt_tokens: jax.Array,
+    prompt_mask: jax.Array,
+    counts: jax.Array,
+    budget: int,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The flat rollout batch: prompt q repeated `counts[q]` times, `budget` rows in all.
+
+    `segment_ids[r]` is the prompt index of row r (`jnp.repeat(arange(P), counts,
+    total_repeat_length=budget)`, the library-wide convention), rows of one prompt are
+    contiguous, and the shape `[budget, W]` is static however the counts move from step to
+    step. Returns `(tokens [budget, W], mask [budget, W], segment_ids int32 [budget])`.
+    Raises ValueError when concrete counts are negative or do not sum to `budget`.
+    """
+    counts = jnp.asarray(counts)
+    num_prompts = prompt_tokens.shape[0]
+    if counts.shape != (num_prompts,):
+        raise ValueError(f"counts has shape {counts.shape}; expected ({num_prompts},)")
+    if not isinstance(counts, jax.core.Tracer):
+        host = np.asarray(counts)
+        if (host < 0).any() or int(host.sum()) != budget:
+            raise ValueError(
+                f"counts must be >= 0 and sum to budget={budget}; got sum {int(host.sum())}, "
+                f"min {int(host.min())}"
+            )
+    segment_ids = jnp.repeat(
+        jnp.arange(num_prompts, dtype=jnp.int32), counts, total_repeat_length=budget
+    )
+    return prompt_tokens[segment_ids], prompt_mask[segment_ids], segment_ids

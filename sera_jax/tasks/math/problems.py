@@ -1,0 +1,228 @@
+"""An embedded grade-school arithmetic word-problem set (no download needed).
+
+Ten templates of one to three arithmetic steps (add, subtract, multiply, divide exactly,
+and their compositions) filled with random small numbers, names and objects. Gold answers
+are computed from the sampled operands, never typed; every answer is a non-negative integer.
+
+Determinism and splits: problems are drawn from `numpy.random.default_rng(seed)`. The split
+of a problem is decided by a hash of its *arithmetic content* (template + operands, not the
+names or objects), `test` when the hash falls below `test_fraction`. So train and test never
+share a computation (not even with different names), whatever the seed or the sizes asked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from sera_jax.tasks.math.data import MathProblem
+
+_NAMES = (
+    ("Ava", "She"), ("Ben", "He"), ("Chloe", "She"), ("Daniel", "He"), ("Emma", "She"),
+    ("Finn", "He"), ("Grace", "She"), ("Henry", "He"), ("Isla", "She"), ("Jack", "He"),
+    ("Lily", "She"), ("Mason", "He"), ("Nora", "She"), ("Oscar", "He"), ("Ruby", "She"),
+    ("Sam", "He"), ("Tara", "She"), ("Leo", "He"), ("Mia", "She"), ("Noah", "He"),
+)
+_ITEMS = (
+    "apples", "marbles", "stickers", "pencils", "cookies", "cards", "shells", "books",
+    "candies", "stamps", "balloons", "oranges",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Template:
+    name: str
+    steps: int
+    #: `str.format` text over the operands and `name`, `friend`, `pron`, `item`.
+    text: str
+    #: Draws the operands (ints) from the generator; derived operands are computed here.
+    sample: Callable[[np.random.Generator], dict[str, int]]
+    #: The gold answer from the operands.
+    solve: Callable[[Mapping[str, int]], int]
+
+
+def _ints(rng: np.random.Generator, **ranges: tuple[int, int]) -> dict[str, int]:
+    """One integer per name, uniform on the inclusive range."""
+    return {k: int(rng.integers(lo, hi + 1)) for k, (lo, hi) in ranges.items()}
+
+
+def _sample_sub(rng: np.random.Generator) -> dict[str, int]:
+    a = int(rng.integers(10, 41))
+    return {"a": a, "b": int(rng.integers(1, a))}
+
+
+def _sample_div(rng: np.random.Generator) -> dict[str, int]:
+    q, b = int(rng.integers(2, 13)), int(rng.integers(2, 10))
+    return {"total": q * b, "b": b}
+
+
+def _sample_bags(rng: np.random.Generator) -> dict[str, int]:
+    ops = _ints(rng, a=(2, 6), b=(3, 10))
+    ops["c"] = int(rng.integers(2, ops["a"] * ops["b"]))
+    return ops
+
+
+def _sample_change(rng: np.random.Generator) -> dict[str, int]:
+    ops = _ints(rng, a=(2, 5), b=(2, 6), c=(2, 5), d=(1, 3))
+    total = ops["a"] * ops["b"] + ops["c"] * ops["d"]
+    ops["e"] = next(bill for bill in (20, 50, 100) if bill > total)
+    return ops
+
+
+def _sample_farm(rng: np.random.Generator) -> dict[str, int]:
+    ops = _ints(rng, a=(2, 10), b=(2, 5))
+    ops["c"] = int(rng.integers(2, ops["a"] * ops["b"]))
+    return ops
+
+
+def _sample_pages(rng: np.random.Generator) -> dict[str, int]:
+    ops = _ints(rng, a=(5, 20), b=(2, 6), c=(1, 20))
+    ops["d"] = ops["a"] * ops["b"] + ops["c"] + int(rng.integers(1, 51))
+    return ops
+
+
+TEMPLATES: tuple[_Template, ...] = (
+    _Template(
+        "add", 1,
+        "{name} has {a} {item}. {pron} buys {b} more {item}. "
+        "How many {item} does {name} have now?",
+        lambda r: _ints(r, a=(2, 20), b=(2, 20)),
+        lambda o: o["a"] + o["b"],
+    ),
+    _Template(
+        "sub", 1,
+        "{name} had {a} {item} and gave {b} of them to {friend}. "
+        "How many {item} does {name} have left?",
+        _sample_sub,
+        lambda o: o["a"] - o["b"],
+    ),
+    _Template(
+        "mul", 1,
+        "A box holds {a} {item}. How many {item} are there in {b} boxes?",
+        lambda r: _ints(r, a=(2, 12), b=(2, 9)),
+        lambda o: o["a"] * o["b"],
+    ),
+    _Template(
+        "div", 1,
+        "{name} shares {total} {item} equally among {b} friends. "
+        "How many {item} does each friend get?",
+        _sample_div,
+        lambda o: o["total"] // o["b"],
+    ),
+    _Template(
+        "bags", 2,
+        "{name} buys {a} bags of {item} with {b} {item} in each bag. {pron} gives away {c} "
+        "{item}. How many {item} does {name} have left?",
+        _sample_bags,
+        lambda o: o["a"] * o["b"] - o["c"],
+    ),
+    _Template(
+        "wage", 2,
+        "{name} earns {a} dollars per hour. {pron} works {b} hours on Monday and {c} hours on "
+        "Tuesday. How many dollars does {name} earn in total?",
+        lambda r: _ints(r, a=(5, 15), b=(1, 8), c=(1, 8)),
+        lambda o: o["a"] * (o["b"] + o["c"]),
+    ),
+    _Template(
+        "more_than", 2,
+        "{name} has {a} {item}. {friend} has {b} more {item} than {name}. "
+        "How many {item} do they have together?",
+        lambda r: _ints(r, a=(3, 30), b=(1, 20)),
+        lambda o: 2 * o["a"] + o["b"],
+    ),
+    _Template(
+        "change", 3,
+        "{name} buys {a} notebooks at {b} dollars each and {c} pens at {d} dollars each. "
+        "{pron} pays with a {e} dollar bill. How many dollars of change does {name} get?",
+        _sample_change,
+        lambda o: o["e"] - (o["a"] * o["b"] + o["c"] * o["d"]),
+    ),
+    _Template(
+        "farm", 3,
+        "A farm has {a} cows and {b} times as many chickens as cows. The farmer sells {c} "
+        "chickens. How many cows and chickens are on the farm now?",
+        _sample_farm,
+        lambda o: o["a"] + o["a"] * o["b"] - o["c"],
+    ),
+    _Template(
+        "pages", 3,
+        "A book has {d} pages. {name} reads {a} pages a day for {b} days and then {c} pages "
+        "on the next day. How many pages are left to read?",
+        _sample_pages,
+        lambda o: o["d"] - (o["a"] * o["b"] + o["c"]),
+    ),
+)
+TEMPLATE_NAMES = tuple(t.name for t in TEMPLATES)
+
+
+def content_key(template: str, operands: Mapping[str, int]) -> str:
+    """The arithmetic identity of a problem (names and objects excluded)."""
+    return template + ":" + ",".join(f"{k}={operands[k]}" for k in sorted(operands))
+
+
+def in_test_split(key: str, test_fraction: float) -> bool:
+    """Whether the problem with this content key belongs to the test split (hash rule)."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64 < test_fraction
+
+
+def generate_arithmetic(
+    num_train: int,
+    num_test: int,
+    *,
+    seed: int = 0,
+    steps: Sequence[int] = (1, 2, 3),
+    test_fraction: float = 0.25,
+) -> dict[str, list[MathProblem]]:
+    """`{'train': [...], 'test': [...]}` of distinct generated word problems.
+
+    Templates are drawn uniformly among those with a step count in `steps`; each problem's
+    `level` is its step count and `meta` holds the template name and operands. The same
+    arguments always give the same lists. Raises ValueError on bad sizes, steps or fraction,
+    or when the templates cannot supply that many distinct problems.
+    """
+    if num_train < 0 or num_test < 0:
+        raise ValueError(f"num_train={num_train}, num_test={num_test} must be >= 0")
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction={test_fraction} must lie in (0, 1)")
+    templates = [t for t in TEMPLATES if t.steps in set(steps)]
+    if not templates:
+        raise ValueError(f"steps={tuple(steps)} selects no template; use values in (1, 2, 3)")
+    rng = np.random.default_rng(seed)
+    out: dict[str, list[MathProblem]] = {"train": [], "test": []}
+    want = {"train": num_train, "test": num_test}
+    seen: set[str] = set()
+    # Stop when this many draws in a row add nothing: the content space is used up.
+    max_misses, misses = 10_000, 0
+    while misses < max_misses and any(len(out[s]) < want[s] for s in out):
+        template = templates[int(rng.integers(len(templates)))]
+        operands = template.sample(rng)
+        first, second = rng.choice(len(_NAMES), size=2, replace=False)
+        (name, pron), friend = _NAMES[int(first)], _NAMES[int(second)][0]
+        item = _ITEMS[int(rng.integers(len(_ITEMS)))]
+        key = content_key(template.name, operands)
+        split = "test" if in_test_split(key, test_fraction) else "train"
+        if key in seen or len(out[split]) >= want[split]:
+            misses += 1
+            continue
+        misses = 0
+        seen.add(key)
+        question = template.text.format(name=name, friend=friend, item=item, pron=pron, **operands)
+        out[split].append(
+            MathProblem(
+                question=question,
+                answer=str(template.solve(operands)),
+                level=template.steps,
+                source=f"arithmetic/{split}",
+                meta={"template": template.name, "operands": dict(operands)},
+            )
+        )
+    if any(len(out[s]) < want[s] for s in out):
+        raise ValueError(
+            f"could not draw {num_train} train + {num_test} test distinct problems with "
+            f"steps={tuple(steps)}; ask for fewer"
+        )
+    return out

@@ -1,0 +1,497 @@
+"""The gradient-alignment study (SERA_SPEC §7): measure mode and train mode, with outputs.
+
+* `run_measure(config, workdir)` — train a classifier with cross-entropy and snapshot it at
+  `config.measure.stage_steps` (so p goes from near-uniform to heavily skewed); for each
+  snapshot, budget N0 and allocator, R paired draws (the same PRNG key for every allocator at
+  a given draw) of the allocated MaxRL gradient, each compared with the exact gradient of the
+  mean CE on the same fixed minibatch. Writes `alignment.csv`, `alignment.png` (one panel per
+  stage), TensorBoard scalars and `summary.md` (also returned and printed by the binary).
+* `run_train(config, workdir)` — train with the RL loss of one allocator (the published
+  protocol) and log every `log_every` steps the cosine to the exact gradient on that step's
+  minibatch, CE / top-1 on the minibatch and on validation, and analytic pass@k on validation.
+  Writes `train_log.csv`, TensorBoard scalars and `summary.md`.
+
+Both run data-parallel over all local devices: the batch is sharded over the mesh's batch
+axes (`sera_jax.sharding`), parameters are replicated, and `jax.jit` partitions the rest.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+
+from sera_jax import alignment, sharding
+from sera_jax.vision import data as data_lib
+from sera_jax.vision import resnet
+from sera_jax.vision.train import Steps, TrainState, init_state, make_optimizer
+
+CSV_COLUMNS = ("stage", "stage_step", "budget", "allocator", "draw", "seed", "cosine",
+               "norm_ratio", "cosine_expected", "kappa_min", "kappa_mean", "active_frac")
+
+# ----------------------------------------------------------------------------- set-up
+
+
+def build_model(config: ml_collections.ConfigDict) -> resnet.ResNet:
+    """The ResNet named by `config.model.name` (a key of `resnet.CONFIGS`)."""
+    m = config.model
+    if m.name not in resnet.CONFIGS:
+        raise ValueError(f"config.model.name={m.name!r}; allowed {sorted(resnet.CONFIGS)}")
+    kwargs = {"num_classes": m.num_classes}
+    if m.name == "digits_resnet":
+        kwargs.update(width=m.get("width", 16), stage_sizes=tuple(m.get("stage_sizes", (1, 1, 1))))
+    cfg = resnet.CONFIGS[m.name](**kwargs)
+    if m.get("dtype", "float32") != cfg.dtype:
+        cfg = dataclasses.replace(cfg, dtype=m.dtype)
+    return resnet.make_resnet(cfg, seed=config.seed)
+
+
+@dataclasses.dataclass
+class DataSource:
+    """Batches for one study: `train()` endless shuffled batches; `eval()` one pass over the
+    validation split; `measure(n)` one fixed, deterministic batch of n images."""
+
+    config: ml_collections.ConfigDict
+    batch_size: int
+
+    def __post_init__(self):
+        d = self.config.data
+        if d.name not in ("digits", "imagenet2012"):
+            raise ValueError(f"config.data.name={d.name!r}; allowed 'digits' or 'imagenet2012'")
+        if d.name == "digits":
+            self._train = data_lib.load_digits_split("train", val_fraction=d.val_fraction,
+                                                     seed=d.split_seed)
+            self._val = data_lib.load_digits_split("val", val_fraction=d.val_fraction,
+                                                   seed=d.split_seed)
+
+    def _imagenet(self, split: str, batch: int, train: bool, seed: int) -> Iterator:
+        d = self.config.data
+        return data_lib.imagenet_dataset(
+            split, batch, train=train, seed=seed, data_dir=d.data_dir or None,
+            manual_dir=d.manual_dir or None, prepare=d.prepare, image_size=d.image_size,
+            shuffle_buffer=d.shuffle_buffer)
+
+    def train(self, seed: int) -> Iterator[data_lib.Batch]:
+        if self.config.data.name == "digits":
+            return data_lib.array_batches(self._train, self.batch_size, seed=seed)
+        return self._imagenet(self.config.data.train_split, self.batch_size, True, seed)
+
+    def eval(self, batch_size: int, max_batches: int) -> Iterator[data_lib.Batch]:
+        if self.config.data.name == "digits":
+            it = data_lib.array_batches(self._val, min(batch_size, len(self._val)), seed=0,
+                                        shuffle=False)
+            n = len(self._val) // min(batch_size, len(self._val))
+        else:
+            it = self._imagenet(self.config.data.eval_split, batch_size, False, 0)
+            n = None
+        for i, b in enumerate(it):
+            if (n is not None and i >= n) or (max_batches > 0 and i >= max_batches):
+                return
+            yield b
+
+    def measure(self, n: int, split: str, seed: int) -> data_lib.Batch:
+        if self.config.data.name == "digits":
+            src = self._train if split == "train" else self._val
+            if not 1 <= n <= len(src):
+                raise ValueError(f"config.measure.batch_size={n}; allowed 1..{len(src)} for "
+                                 f"the digits {split} split")
+            idx = np.sort(np.random.default_rng(seed).choice(len(src), n, replace=False))
+            return {"image": src.images[idx], "label": src.labels[idx]}
+        d = self.config.data
+        tfds_split = d.train_split if split == "train" else d.eval_split
+        return next(self._imagenet(tfds_split, n, False, seed))
+
+
+def _mesh(config: ml_collections.ConfigDict):
+    return sharding.make_mesh(tuple(config.get("mesh_shape", (-1, 1, 1))))
+
+
+def _check_divisible(name: str, n: int, mesh) -> None:
+    d = sharding.batch_divisor(mesh)
+    if n % d:
+        raise ValueError(f"{name}={n} must be a multiple of the {d} data-parallel devices "
+                         f"(mesh {dict(mesh.shape)}); change it or --config.mesh_shape")
+
+
+def _writer(workdir: str):
+    from tensorboardX import SummaryWriter
+
+    return SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+
+def _train_ce(steps: Steps, state: TrainState, batches: Iterator, mesh, num_steps: int,
+              log_every: int = 50) -> TrainState:
+    for i in range(num_steps):
+        b = sharding.shard_batch(next(batches), mesh)
+        state, m = steps.ce_step(state, b["image"], b["label"])
+        if log_every and (i + 1) % log_every == 0:
+            logging.info("CE pre-training step %d: ce %.4f top1 %.3f", int(state.step),
+                         float(m["ce"]), float(m["top1"]))
+    return state
+
+
+# ----------------------------------------------------------------------------- measure
+
+
+def _cotangent_fn(n0: int, chunk: int):
+    """jit: (keys [M], logits, labels, counts [M,P], weights [M,P]) -> cotangents [M,P,C]."""
+
+    def one(args, logits, labels):
+        key, counts, weights = args
+        return alignment.maxrl_logit_cotangent(key, logits, labels, counts, weights, n0=n0)
+
+    @jax.jit
+    def fn(keys, logits, labels, counts, weights):
+        return jax.lax.map(lambda a: one(a, logits, labels), (keys, counts, weights),
+                           batch_size=min(chunk, keys.shape[0]))
+
+    return fn
+
+
+def _alignment_fn(graphdef, bn_train: bool, chunk: int):
+    @jax.jit
+    def fn(params, batch_stats, images, cotangents, exact):
+        logits_fn = lambda prm: resnet.apply_model(graphdef, prm, batch_stats, images,
+                                                   train=bn_train)[0]
+        return alignment.gradient_alignment(logits_fn, params, cotangents, exact, chunk=chunk)
+
+    return fn
+
+
+def run_measure(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Measure mode; returns {'rows': csv rows, 'summary': markdown, 'seconds': wall time}."""
+    t0 = time.time()
+    ms, al = config.measure, config.allocation
+    os.makedirs(workdir, exist_ok=True)
+    stage_steps = [int(s) for s in ms.stage_steps]
+    stage_names = list(ms.stage_names) if ms.get("stage_names") else [
+        f"step {s}" for s in stage_steps]
+    if len(stage_names) != len(stage_steps) or stage_steps != sorted(stage_steps):
+        raise ValueError(f"config.measure.stage_steps={stage_steps} must be increasing and "
+                         f"match stage_names={stage_names}")
+    budgets = [int(b) for b in ms.budgets]
+    names = list(ms.allocators)
+    for n in names:
+        if n not in alignment.ALLOCATOR_SPECS:
+            raise ValueError(f"config.measure.allocators has {n!r}; allowed "
+                             f"{sorted(alignment.ALLOCATOR_SPECS)}")
+    num_draws = int(ms.num_draws)
+    if num_draws < 2:
+        raise ValueError(f"config.measure.num_draws={num_draws}; need >= 2 for error bars")
+
+    mesh = _mesh(config)
+    _check_divisible("config.batch_size", config.batch_size, mesh)
+    _check_divisible("config.measure.batch_size", ms.batch_size, mesh)
+    source = DataSource(config, config.batch_size)
+    model = build_model(config)
+    o = config.optim
+    total = max(max(stage_steps), 1)
+    tx = make_optimizer(lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay,
+                        warmup_steps=min(o.warmup_steps, total - 1), total_steps=total)
+    graphdef, state = init_state(model, tx)
+    state = sharding.replicate(state, mesh)
+    steps = Steps(graphdef, tx)
+    batch = source.measure(ms.batch_size, ms.split, config.seed)
+    images, labels = (sharding.shard_batch(batch["image"], mesh),
+                      sharding.shard_batch(batch["label"], mesh))
+    align_fn = _alignment_fn(graphdef, ms.bn_train, ms.chunk)
+    writer = _writer(workdir)
+    train_it = source.train(config.seed)
+    rows: list[dict[str, Any]] = []
+    stage_info = []
+    key = jax.random.key(config.seed)
+    done, n_units, n_total = 0, 0, len(stage_steps) * len(budgets)
+    for si, (stage, step) in enumerate(zip(stage_names, stage_steps)):
+        state = _train_ce(steps, state, train_it, mesh, step - done)
+        done = step
+        logits = steps.logits(state, images, train=ms.bn_train)
+        logits_host = np.asarray(jax.device_get(logits))
+        p = alignment.success_probs(logits_host, batch["label"])
+        stage_info.append({
+            "stage": stage, "step": step, "mean_p": float(p.mean()),
+            "median_p": float(np.median(p)), "frac_p_below_0.1": float((p < 0.1).mean()),
+            "frac_p_above_0.9": float((p > 0.9).mean()),
+            "top1": float((logits_host.argmax(1) == batch["label"]).mean())})
+        exact = alignment.ce_logit_cotangent(logits, labels)
+        for n0 in budgets:
+            allocs = [alignment.allocate_batch(n, p, n0, n_min=al.n_min, n_max=al.n_max,
+                                               threshold=al.threshold, shift=al.shift)
+                      for n in names]
+            counts = np.stack([a.counts for a in allocs])
+            weights = np.stack([a.weights for a in allocs])
+            kappas = np.stack([a.kappa for a in allocs]).astype(np.float32)
+            skey = jax.random.fold_in(jax.random.fold_in(key, si), n0)
+            draw_keys = jax.random.split(skey, num_draws)
+            # Paired draws: the same key for every allocator at draw r.
+            m_keys = jnp.repeat(draw_keys, len(names), axis=0)
+            m_counts = np.tile(counts, (num_draws, 1))
+            m_weights = np.tile(weights, (num_draws, 1))
+            cots = _cotangent_fn(n0, ms.chunk)(m_keys, logits, labels, m_counts, m_weights)
+            expected = jnp.stack([alignment.expected_logit_cotangent(
+                logits, labels, kappas[a], counts[a], weights[a], n0) for a in range(len(names))])
+            cos, ratio = align_fn(state.params, state.batch_stats, images,
+                                  jnp.concatenate([cots, expected]), exact)
+            cos, ratio = np.asarray(cos), np.asarray(ratio)
+            m = num_draws * len(names)
+            cos_exp = cos[m:]
+            for i in range(m):
+                r, a = divmod(i, len(names))
+                rows.append({
+                    "stage": stage, "stage_step": step, "budget": n0, "allocator": names[a],
+                    "draw": r, "seed": config.seed, "cosine": float(cos[i]),
+                    "norm_ratio": float(ratio[i]), "cosine_expected": float(cos_exp[a]),
+                    "kappa_min": allocs[a].kappa_min, "kappa_mean": allocs[a].kappa_mean,
+                    "active_frac": allocs[a].active_frac})
+            for a, n in enumerate(names):
+                writer.add_scalar(f"measure/{stage}/{n}/cosine",
+                                  float(cos[a:m:len(names)].mean()), n0)
+            n_units += 1
+            el = time.time() - t0
+            logging.info("[%d/%d] stage %r N0=%d: %s | %.0fs elapsed, ~%.0fs left", n_units,
+                         n_total, stage, n0, " ".join(
+                             f"{n}={cos[a:m:len(names)].mean():.3f}"
+                             for a, n in enumerate(names)), el, el / n_units * (n_total - n_units))
+    writer.close()
+    seconds = time.time() - t0
+    write_csv(os.path.join(workdir, "alignment.csv"), rows, CSV_COLUMNS)
+    table = aggregate(rows)
+    plot_alignment(table, os.path.join(workdir, "alignment.png"), stage_names, names)
+    summary = summary_markdown(table, stage_info, names, seconds, config)
+    with open(os.path.join(workdir, "summary.md"), "w") as f:
+        f.write(summary)
+    return {"rows": rows, "table": table, "stages": stage_info, "summary": summary,
+            "seconds": seconds}
+
+
+# ----------------------------------------------------------------------------- reporting
+
+
+def write_csv(path: str, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def aggregate(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (stage, budget, allocator): mean ± std-error of the cosine over draws, mean norm
+    ratio, κ diagnostics, and the paired difference to `uniform` (same draws) when present."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["stage"], r["budget"], r["allocator"]), []).append(r)
+    out = []
+    for (stage, budget, name), rs in groups.items():
+        rs = sorted(rs, key=lambda r: r["draw"])
+        c = np.array([r["cosine"] for r in rs])
+        row = {"stage": stage, "budget": budget, "allocator": name, "n": len(c),
+               "cosine": float(c.mean()), "cosine_se": float(c.std(ddof=1) / math.sqrt(len(c))),
+               "norm_ratio": float(np.mean([r["norm_ratio"] for r in rs])),
+               "cosine_expected": rs[0]["cosine_expected"], "kappa_min": rs[0]["kappa_min"],
+               "kappa_mean": rs[0]["kappa_mean"], "active_frac": rs[0]["active_frac"]}
+        base = groups.get((stage, budget, "uniform"))
+        if base is not None and name != "uniform":
+            u = np.array([r["cosine"] for r in sorted(base, key=lambda r: r["draw"])])
+            d = c - u
+            row["diff_vs_uniform"] = float(d.mean())
+            row["diff_se"] = float(d.std(ddof=1) / math.sqrt(len(d)))
+        out.append(row)
+    return out
+
+
+def plot_alignment(table: Sequence[dict[str, Any]], path: str, stages: Sequence[str],
+                   allocators: Sequence[str]) -> None:
+    """Cosine vs budget, one line per allocator with ±1 std-error bars, one panel per stage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(stages), figsize=(4.2 * len(stages), 3.6), squeeze=False,
+                             sharey=True)
+    for ax, stage in zip(axes[0], stages):
+        for name in allocators:
+            rs = sorted((r for r in table if r["stage"] == stage and r["allocator"] == name),
+                        key=lambda r: r["budget"])
+            if not rs:
+                continue
+            ax.errorbar([r["budget"] for r in rs], [r["cosine"] for r in rs],
+                        yerr=[r["cosine_se"] for r in rs], marker="o", ms=3, capsize=2,
+                        lw=2.2 if name in ("uniform", "sera_dynamic") else 1.0,
+                        label=alignment.ALLOCATOR_SPECS[name].label)
+        ax.set_xscale("log", base=2)
+        ax.set_title(stage)
+        ax.set_xlabel("budget N0 (rollouts per image)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("cosine to exact CE gradient")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def summary_markdown(table: Sequence[dict[str, Any]], stages: Sequence[dict[str, Any]],
+                     allocators: Sequence[str], seconds: float,
+                     config: ml_collections.ConfigDict) -> str:
+    """Markdown: stage statistics, cosine mean ± se per (stage, budget) and allocator, and
+    SERA-dynamic vs uniform paired differences with κ diagnostics."""
+    ms = config.measure
+    lines = [f"## Gradient alignment — {config.data.name}, {config.model.name}", "",
+             f"{ms.num_draws} paired draws per cell, seed {config.seed}, measure batch "
+             f"P = {ms.batch_size}, n_min = {config.allocation.n_min}, n_max = "
+             f"{config.allocation.n_max}, θ = {config.allocation.threshold}; "
+             f"wall time {seconds:.1f} s.", "",
+             "| stage | CE steps | mean p | median p | p<0.1 | p>0.9 | top-1 |",
+             "|---|---|---|---|---|---|---|"]
+    for s in stages:
+        lines.append(f"| {s['stage']} | {s['step']} | {s['mean_p']:.3f} | {s['median_p']:.3f} "
+                     f"| {s['frac_p_below_0.1']:.2f} | {s['frac_p_above_0.9']:.2f} "
+                     f"| {s['top1']:.3f} |")
+    lines += ["", "Cosine to the exact gradient, mean ± std-error over draws:", "",
+              "| stage | N0 | " + " | ".join(allocators) + " |",
+              "|---|---|" + "---|" * len(allocators)]
+    idx = {(r["stage"], r["budget"], r["allocator"]): r for r in table}
+    budgets = sorted({r["budget"] for r in table})
+    for s in stages:
+        for b in budgets:
+            cells = [f"{idx[(s['stage'], b, a)]['cosine']:.3f} ± "
+                     f"{idx[(s['stage'], b, a)]['cosine_se']:.3f}"
+                     if (s["stage"], b, a) in idx else "" for a in allocators]
+            lines.append(f"| {s['stage']} | {b} | " + " | ".join(cells) + " |")
+    if "uniform" in allocators and "sera_dynamic" in allocators:
+        lines += ["", "SERA dynamic vs uniform (paired over the same draws); κ over active "
+                  "prompts; cos(E) = cosine of the expected (noise-free) gradient:", "",
+                  "| stage | N0 | uniform | SERA | Δ ± se | κmin U | κmin S | κmean U | "
+                  "κmean S | active S | cos(E) U | cos(E) S |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for s in stages:
+            for b in budgets:
+                u, v = idx.get((s["stage"], b, "uniform")), idx.get((s["stage"], b,
+                                                                     "sera_dynamic"))
+                if u is None or v is None:
+                    continue
+                lines.append(
+                    f"| {s['stage']} | {b} | {u['cosine']:.3f} | {v['cosine']:.3f} | "
+                    f"{v['diff_vs_uniform']:+.3f} ± {v['diff_se']:.3f} | {u['kappa_min']:.3f} "
+                    f"| {v['kappa_min']:.3f} | {u['kappa_mean']:.3f} | {v['kappa_mean']:.3f} | "
+                    f"{v['active_frac']:.2f} | {u['cosine_expected']:.3f} | "
+                    f"{v['cosine_expected']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- train
+
+
+def evaluate(steps: Steps, state: TrainState, source: DataSource, mesh,
+             config: ml_collections.ConfigDict) -> dict[str, float]:
+    """Validation CE, top-1 and analytic pass@k (mean over images of 1 − (1 − p)^k)."""
+    tr = config.train
+    eb = max(sharding.batch_divisor(mesh),
+             tr.eval_batch_size // sharding.batch_divisor(mesh) * sharding.batch_divisor(mesh))
+    ps, correct = [], []
+    for b in source.eval(eb, tr.eval_batches):
+        n = b["label"].shape[0] // sharding.batch_divisor(mesh) * sharding.batch_divisor(mesh)
+        if n == 0:
+            continue
+        b = {k: v[:n] for k, v in b.items()}
+        logits = np.asarray(steps.logits(state, sharding.shard_batch(b["image"], mesh),
+                                         train=False))
+        ps.append(alignment.success_probs(logits, b["label"]))
+        correct.append(logits.argmax(1) == b["label"])
+    if not ps:
+        raise ValueError("the validation split gave no batch; lower config.train.eval_batch_size")
+    p = np.concatenate(ps)
+    out = {"val_ce": float(-np.log(p).mean()), "val_top1": float(np.concatenate(correct).mean()),
+           "val_mean_p": float(p.mean())}
+    out.update({f"val_pass@{k}": v for k, v in
+                alignment.analytic_pass_curve(p, tr.pass_ks).items()})
+    return out
+
+
+def run_train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Train mode; returns {'log': rows of train_log.csv, 'summary': markdown, 'seconds'}."""
+    t0 = time.time()
+    tr, al, o = config.train, config.allocation, config.optim
+    if tr.allocator not in alignment.ALLOCATOR_SPECS:
+        raise ValueError(f"config.train.allocator={tr.allocator!r}; allowed "
+                         f"{sorted(alignment.ALLOCATOR_SPECS)}")
+    if tr.num_steps < 1 or tr.log_every < 1:
+        raise ValueError(f"config.train.num_steps={tr.num_steps} and log_every={tr.log_every} "
+                         "must be >= 1")
+    os.makedirs(workdir, exist_ok=True)
+    mesh = _mesh(config)
+    _check_divisible("config.batch_size", config.batch_size, mesh)
+    source = DataSource(config, config.batch_size)
+    tx = make_optimizer(lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay,
+                        warmup_steps=min(o.warmup_steps, tr.num_steps - 1),
+                        total_steps=tr.num_steps)
+    graphdef, state = init_state(build_model(config), tx)
+    state = sharding.replicate(state, mesh)
+    steps = Steps(graphdef, tx)
+    writer = _writer(workdir)
+    key = jax.random.key(config.seed)
+    batches = source.train(config.seed)
+    log: list[dict[str, Any]] = []
+    for i in range(tr.num_steps):
+        hb = next(batches)
+        b = sharding.shard_batch(hb, mesh)
+        # The allocation needs exact p of the policy that acts: the same train-mode forward
+        # as the step's (batch statistics), evaluated once more on the host's behalf.
+        p = alignment.success_probs(np.asarray(steps.logits(state, b["image"], train=True)),
+                                    hb["label"])
+        ab = alignment.allocate_batch(tr.allocator, p, tr.n0, n_min=al.n_min, n_max=al.n_max,
+                                      threshold=al.threshold, shift=al.shift)
+        align = i % tr.log_every == 0 or i == tr.num_steps - 1
+        state, m = steps.rl_step(state, b["image"], b["label"], ab.counts, ab.weights,
+                                 jax.random.fold_in(key, i), n0=tr.n0, align=align)
+        if not align:
+            continue
+        row = {"step": i, "train_ce": float(m["ce"]), "train_top1": float(m["top1"]),
+               "cosine": float(m["cosine"]), "norm_ratio": float(m["norm_ratio"]),
+               "kappa_min": ab.kappa_min, "kappa_mean": ab.kappa_mean,
+               "active_frac": ab.active_frac, "seconds": time.time() - t0}
+        row.update(evaluate(steps, state, source, mesh, config))
+        log.append(row)
+        for k, v in row.items():
+            if k != "step":
+                writer.add_scalar(f"train/{k}", v, i)
+        writer.flush()
+        logging.info("step %d/%d: cosine %.3f | train ce %.3f top1 %.3f | val ce %.3f top1 "
+                     "%.3f | κ min %.3f mean %.3f | %.0fs", i, tr.num_steps, row["cosine"],
+                     row["train_ce"], row["train_top1"], row["val_ce"], row["val_top1"],
+                     row["kappa_min"], row["kappa_mean"], row["seconds"])
+    writer.close()
+    seconds = time.time() - t0
+    write_csv(os.path.join(workdir, "train_log.csv"), log, list(log[0]))
+    ks = [f"val_pass@{k}" for k in tr.pass_ks]
+    lines = [f"## Train mode — {config.data.name}, {config.model.name}, allocator "
+             f"{tr.allocator}, N0 = {tr.n0}, {tr.num_steps} steps, seed {config.seed}, "
+             f"{seconds:.1f} s", "",
+             "| step | cosine | train CE | val CE | val top-1 | κ min | κ mean | "
+             + " | ".join(ks) + " |", "|---" * (7 + len(ks)) + "|"]
+    for r in log:
+        lines.append(f"| {r['step']} | {r['cosine']:.3f} | {r['train_ce']:.3f} | "
+                     f"{r['val_ce']:.3f} | {r['val_top1']:.3f} | {r['kappa_min']:.3f} | "
+                     f"{r['kappa_mean']:.3f} | " + " | ".join(f"{r[k]:.3f}" for k in ks) + " |")
+    summary = "\n".join(lines) + "\n"
+    with open(os.path.join(workdir, "summary.md"), "w") as f:
+        f.write(summary)
+    return {"log": log, "summary": summary, "seconds": seconds}
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Dispatch on `config.mode` ('measure' or 'train')."""
+    if config.mode == "measure":
+        return run_measure(config, workdir)
+    if config.mode == "train":
+        return run_train(config, workdir)
+    raise ValueError(f"config.mode={config.mode!r}; allowed 'measure' or 'train'")

@@ -1,0 +1,248 @@
+"""The RL trainer: one step equals a hand-assembled MaxRL/SERA update; data order; config."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from sera_jax import history as history_lib
+from sera_jax import sharding as shd
+from sera_jax.rl import config as config_lib
+from sera_jax.rl import trainer as trainer_lib
+from sera_jax.rl.evaluate import evaluate, majority_vote
+from sera_jax.sampling import SamplingConfig
+from tests.rl.toy import STOP, EmitTask, tiny_model
+
+
+def small_config(**changes):
+    c = config_lib.get_config()
+    c.prompts_per_step = 4
+    c.rollouts_per_prompt = 4
+    c.n_min = 2
+    c.n_max = 8
+    c.micro_batch_size = 4
+    c.optimizer.learning_rate = 1e-2
+    c.optimizer.grad_clip = 0.5  # small enough to be active: the test covers clipping too
+    c.log_every = 1
+    for k, v in changes.items():
+        target = c
+        *path, last = k.split(".")
+        for p in path:
+            target = target[p]
+        target[last] = v
+    return c
+
+
+def one_device_mesh():
+    return shd.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+
+
+def with_history(state, p_hat):
+    """Give prompts 0..len(p_hat)-1 frozen estimates p_hat (so the allocation is uneven)."""
+    h = state.history
+    m = h.num_prompts
+    ph = np.full(m, 0.5, np.float32)
+    ph[: len(p_hat)] = p_hat
+    seen = np.zeros(m, bool)
+    seen[: len(p_hat)] = True
+    h = h.replace(p_hat=jnp.asarray(ph), seen=jnp.asarray(seen))
+    return state.replace(history=h)
+
+
+def hand_loss(params, graphdef, task, rollouts, aggregation, n0, max_len):
+    """−Σ_r c_r ℓ_r / normaliser, recomputed from the raw data by an independent path:
+    each row is its *unpadded* prompt + completion, right-padded (the trainer left-pads),
+    with explicit positions 0..len-1; MaxRL advantages per group and w_q = N0/N_q by hand."""
+    model = nnx.merge(graphdef, params)
+    r = rollouts
+    num_p, rows = len(r.prompt_ids), len(r.rewards)
+    rewards = r.rewards.astype(np.float64)
+    adv = np.zeros_like(rewards)
+    for q in range(num_p):
+        sel = r.segment_ids == q
+        if sel.any():
+            mean = rewards[sel].mean()
+            adv[sel] = (rewards[sel] - mean) / (mean + 1e-6)
+    coef = n0 / r.counts[r.segment_ids] * adv
+    width = task.max_prompt_len + task.max_new_tokens
+    seqs = np.zeros((rows, width), np.int32)
+    target = np.zeros((rows, width), bool)  # True where the token is a completion token
+    for row in range(rows):
+        prompt = task.prompt_tokens("train", [int(r.prompt_ids[r.segment_ids[row]])])[0]
+        comp = r.completion_tokens[row, : r.lengths[row]]
+        seqs[row, : len(prompt) + len(comp)] = np.concatenate([prompt, comp])
+        target[row, len(prompt) : len(prompt) + len(comp)] = True
+    positions = np.broadcast_to(np.arange(width), (rows, width))
+    logits, _ = model(jnp.asarray(seqs), jnp.asarray(positions))
+    lp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    lp = jnp.take_along_axis(lp, jnp.asarray(seqs[:, 1:, None]), axis=-1)[..., 0]
+    ell = jnp.sum(jnp.where(target[:, 1:], lp, 0.0), axis=1)
+    if aggregation == "sequence_mean":
+        ell = ell / r.lengths
+    total = jnp.sum(coef * ell)
+    if aggregation == "token_mean":
+        return -total / r.lengths.sum()
+    if aggregation == "sequence_mean":
+        return -total / (num_p * n0)
+    return -total / (num_p * n0 * max_len)
+
+
+def test_step_equals_hand_assembled_update():
+    """allocate -> sample -> score -> MaxRL advantages -> w_q -> token-mean loss over 4
+    micro-batches -> clip + AdamW equals the same update assembled by hand."""
+    config = small_config()
+    task = EmitTask()
+    model = tiny_model(seed=1)
+    trainer = trainer_lib.Trainer(config, task, model, one_device_mesh())
+    state = trainer.init_state(model)
+    # Prompt order of epoch 0 starts with the first 4 ids of the permutation; give every
+    # prompt a distinct estimate so SERA allocates unevenly.
+    p_hat = np.array([0.02, 0.2, 0.5, 0.9, 0.1, 0.3, 0.6, 0.8, 0.05, 0.4, 0.7, 0.95], np.float32)
+    state = with_history(state, p_hat)
+    params0 = jax.tree.map(np.array, state.params)
+
+    new_state, metrics, r = trainer.step(state, return_rollouts=True)
+
+    from sera_jax.allocation import ALLOCATORS
+
+    expected_alloc = ALLOCATORS[config.allocation.name](
+        jnp.asarray(p_hat[r.prompt_ids]), 16, **trainer.allocator_kwargs)
+    np.testing.assert_array_equal(r.counts, np.asarray(expected_alloc.counts))
+    assert r.counts.sum() == 16 and len(set(r.counts.tolist())) > 1, r.counts
+    np.testing.assert_array_equal(r.segment_ids, np.repeat(np.arange(4), r.counts))
+    np.testing.assert_array_equal(r.rewards, task.score(
+        "train", r.prompt_ids[r.segment_ids].tolist(),
+        [r.completion_tokens[i, : r.lengths[i]] for i in range(16)], r.truncated))
+    assert 0 < r.rewards.sum() < 16, "the toy policy must give mixed groups for a real test"
+    # Completion tokens end with the stop token unless truncated; pads after it.
+    for i in range(16):
+        if not r.truncated[i]:
+            assert r.completion_tokens[i, r.lengths[i] - 1] == STOP
+
+    loss, grads = jax.value_and_grad(hand_loss)(
+        params0, trainer.graphdef, task, r, "token_mean", 4, 3)
+    np.testing.assert_allclose(metrics["loss"], float(loss), rtol=1e-5, atol=1e-7)
+    tx = optax.chain(optax.clip_by_global_norm(0.5),
+                     optax.adamw(1e-2, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01))
+    assert float(optax.global_norm(grads)) > 0.5, "clipping should be active in this test"
+    updates, _ = tx.update(grads, tx.init(params0), params0)
+    expected = optax.apply_updates(params0, updates)
+    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(new_state.params)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=2e-6)
+
+    # Bookkeeping: one optimiser update, outcomes pending (p̂ frozen), data position moved.
+    assert int(new_state.step) == 1 and int(new_state.cursor) == 4 and int(new_state.epoch) == 0
+    successes = np.bincount(r.segment_ids, weights=r.rewards, minlength=4)
+    np.testing.assert_allclose(
+        np.asarray(new_state.history.pending_successes)[r.prompt_ids], successes)
+    np.testing.assert_array_equal(np.asarray(new_state.history.p_hat), p_hat)
+    for key in ("reward_mean", "mixed_fraction", "rollouts_min", "rollouts_max",
+                "rollouts_std", "kappa_min", "kappa_mean", "tokens_per_s", "step_time"):
+        assert np.isfinite(metrics[key]), key
+    assert metrics["rollouts_min"] == r.counts.min() and metrics["rollouts_max"] == r.counts.max()
+
+
+@pytest.mark.parametrize("aggregation", ["sequence_mean", "seq_mean_token_sum_norm"])
+def test_gradients_other_aggregations(aggregation):
+    """The micro-batched gradient of the other aggregations equals the hand-made one."""
+    config = small_config(aggregation=aggregation, estimator="maxrl")
+    task = EmitTask()
+    model = tiny_model(seed=1)
+    trainer = trainer_lib.Trainer(config, task, model, one_device_mesh())
+    state = with_history(trainer.init_state(model), np.linspace(0.05, 0.95, 12))
+    rollouts, _, _ = trainer.collect(state)
+    loss, grads = trainer.gradients(state.params, trainer.device_batch(rollouts))
+    hand, hand_grads = jax.value_and_grad(hand_loss)(
+        state.params, trainer.graphdef, task, rollouts, aggregation, 4, 3)
+    np.testing.assert_allclose(float(loss), float(hand), rtol=1e-5, atol=1e-7)
+    for a, b in zip(jax.tree.leaves(hand_grads), jax.tree.leaves(grads)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-7)
+
+
+def test_data_order_epochs_and_history():
+    """Each epoch visits every prompt once in a (seed, epoch)-fixed order; a batch that
+    crosses the boundary starts an epoch (history folds pending outcomes in)."""
+    n, batch = 10, 4
+    seen, epoch, cursor, starts = [], 0, 0, 0
+    for _ in range(5):  # 20 prompts = 2 epochs
+        ids, epoch, cursor, started = trainer_lib.next_prompt_ids(0, n, batch, epoch, cursor)
+        seen.extend(ids.tolist())
+        starts += started
+    assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:]) == list(range(10))
+    assert seen[:10] != seen[10:]  # a fresh permutation each epoch
+    assert (epoch, cursor, starts) == (1, 10, 1)
+    np.testing.assert_array_equal(trainer_lib.epoch_permutation(3, 2, 10),
+                                  trainer_lib.epoch_permutation(3, 2, 10))
+    with pytest.raises(ValueError, match="prompts_per_step"):
+        trainer_lib.next_prompt_ids(0, 3, 4, 0, 0)
+
+
+def test_training_raises_reward_and_history_updates_per_epoch():
+    """A few SERA steps on the toy task raise the reward (the loss has the right sign);
+    the history's estimate moves only at epoch starts."""
+    config = small_config(**{"optimizer.learning_rate": 3e-2, "optimizer.grad_clip": 1.0})
+    task = EmitTask({"train": 4, "eval": 4})  # P = 4: every step is a new epoch
+    model = tiny_model(seed=1)
+    trainer = trainer_lib.Trainer(config, task, model, one_device_mesh())
+    state = trainer.init_state(model)
+    rewards = []
+    for i in range(12):
+        state, metrics = trainer.step(state)
+        rewards.append(metrics["reward_mean"])
+        if i == 0:
+            assert np.isnan(metrics["kappa_min"])  # first epoch: no estimates yet
+            assert not bool(jnp.any(state.history.seen))
+    assert bool(jnp.all(state.history.seen))
+    assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.2, rewards
+
+
+def test_config_validation_names_the_field():
+    for field, value, match in [
+        ("n_min", 9, "n_min"),
+        ("estimator", "nope", "estimator"),
+        ("aggregation", "sum", "aggregation"),
+        ("micro_batch_size", 5, "micro_batch_size"),
+        ("allocation.name", "nope", "allocation.name"),
+        ("sampling.top_p", 0.0, "sampling.top_p"),
+        ("allocation.unseen", "ignore", "allocation.unseen"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            config_lib.validate(small_config(**{field: value}))
+    config_lib.validate(small_config())
+    with pytest.raises(ValueError, match="batch shards"):
+        mesh = shd.make_mesh((8, 1, 1))
+        trainer_lib.Trainer(small_config(micro_batch_size=4), EmitTask(), tiny_model(), mesh)
+
+
+def test_evaluate_pass_at_k_and_majority(tmp_path):
+    """Greedy decoding: every sample of a prompt is identical, so pass@k = pass@1 ∈ {0,1}
+    per prompt and maj@n agrees; sampled results do not depend on the chunk size."""
+    task = EmitTask()
+    model = tiny_model(seed=1)
+    greedy = SamplingConfig(max_new_tokens=3, greedy=True, stop_ids=(STOP,), pad_id=0)
+    res = evaluate(model, task, "eval", num_samples=4, sampling=greedy,
+                   key=jax.random.key(0), batch_size=6)
+    assert set(res.summary) >= {"pass@1", "pass@2", "pass@4", "maj@4"}
+    assert set(res.num_correct.tolist()) <= {0, 4}
+    assert res.summary["pass@1"] == res.summary["pass@4"] == res.summary["maj@4"]
+
+    sampled = SamplingConfig(max_new_tokens=3, temperature=1.0, stop_ids=(STOP,), pad_id=0)
+    kw = dict(num_samples=8, sampling=sampled, key=jax.random.key(1))
+    a = evaluate(model, task, "train", batch_size=16, **kw)
+    b = evaluate(model, task, "train", batch_size=40, **kw)
+    np.testing.assert_array_equal(a.num_correct, b.num_correct)
+    assert a.summary["pass@1"] <= a.summary["pass@4"] <= a.summary["pass@8"]
+    summary_csv, prompts_csv = a.write_csv(tmp_path)
+    assert "pass@8" in open(summary_csv).read()
+    assert len(open(prompts_csv).read().splitlines()) == 1 + task.split_size("train")
+
+
+def test_majority_vote():
+    assert majority_vote([1, 2, 2, None], np.array([1.0, 0.0, 0.0, 0.0])) == 0.0
+    assert majority_vote([1, 2, 1, 2], np.array([1.0, 0.0, 1.0, 0.0])) == 1.0  # tie: first
+    assert majority_vote([None, None], np.array([1.0, 1.0])) == 0.0
+

@@ -1,0 +1,321 @@
+"""Tests of sera_jax.sampling: filtering, padding invariance, stops, early exit, log-probs,
+donated-cache reuse and sharding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from sera_jax import sampling
+from sera_jax.models.decoder import (
+    Decoder,
+    DecoderConfig,
+    init_cache,
+    positions_from_mask,
+    token_logprobs,
+)
+from sera_jax.sampling import (
+    SamplingConfig,
+    expand_prompts,
+    filter_logits,
+    generate,
+    generate_with_cache,
+    sample_tokens,
+)
+from sera_jax.tasks.base import left_pad
+
+VOCAB = 32
+TINY = DecoderConfig(
+    vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+    num_kv_heads=1, rope_theta=1e4,
+)
+PROMPTS = [
+    np.array([5, 9, 11], np.int32),
+    np.arange(4, 11, dtype=np.int32),
+    np.array([7, 3, 21, 30, 2, 8, 8, 1, 19, 4], np.int32),
+    np.arange(20, 26, dtype=np.int32),
+]
+WIDTH = 10
+# Two configurations shared by the tests so that the compiled programs are reused
+# (every distinct (config, shapes, sharding) costs an XLA compile of a few seconds).
+GREEDY = SamplingConfig(max_new_tokens=6, greedy=True)
+SAMPLED = SamplingConfig(max_new_tokens=6, temperature=0.9, top_k=20)
+
+
+@pytest.fixture(scope="module")
+def model():
+    # Larger-than-default init so the random policy is far from uniform (distinct argmaxes).
+    return Decoder(TINY.replace(initializer_range=0.3), rngs=nnx.Rngs(0))
+
+
+def _batch():
+    tokens, mask = left_pad(PROMPTS, WIDTH, pad_id=0)
+    return jnp.asarray(tokens), jnp.asarray(mask)
+
+
+# ----------------------------------------------------------------------------- filtering
+
+
+def _reference_filter(logits, temperature, top_k, top_p):
+    """Straightforward NumPy re-statement of temperature -> top-k -> top-p (HF semantics)."""
+    z = logits.astype(np.float64) / temperature
+    if top_k:
+        kth = np.sort(z)[::-1][top_k - 1]
+        z = np.where(z < kth, -np.inf, z)
+    if top_p < 1:
+        order = np.argsort(-z, kind="stable")
+        p = np.exp(z[order] - z[order][0])
+        p /= p.sum()
+        keep_sorted = (np.cumsum(p) - p) < top_p
+        keep = np.zeros_like(keep_sorted)
+        keep[order] = keep_sorted
+        z = np.where(keep, z, -np.inf)
+    return z
+
+
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.5, 12, 0.9)]
+)
+def test_filter_logits_matches_reference(temperature, top_k, top_p):
+    logits = np.asarray(jax.random.normal(jax.random.key(1), (6, VOCAB))) * 3
+    cfg = SamplingConfig(max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p)
+    got = np.asarray(filter_logits(jnp.asarray(logits), cfg))
+    for row in range(6):
+        want = _reference_filter(logits[row], temperature, top_k, top_p)
+        np.testing.assert_array_equal(np.isinf(got[row]), np.isinf(want))
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(got[row][finite], want[finite], rtol=1e-6)
+    if top_k:
+        assert (np.isfinite(got).sum(-1) <= top_k).all()
+
+
+def test_sample_frequencies_follow_filtered_distribution():
+    """Controlled distribution: p = (.5, .25, .15, .1) with top_p = .7 keeps {0, 1} -> (2/3, 1/3);
+    top_k = 3 at T = 2 keeps {0, 1, 2} with probabilities proportional to sqrt(p)."""
+    p = np.array([0.5, 0.25, 0.15, 0.1])
+    n = 20_000
+    logits = jnp.tile(jnp.log(jnp.asarray(p, jnp.float32)), (n, 1))
+    keys = jax.random.split(jax.random.key(3), n)
+    cases = [
+        (SamplingConfig(max_new_tokens=1, top_p=0.7), np.array([2 / 3, 1 / 3, 0, 0])),
+        (SamplingConfig(max_new_tokens=1, top_k=3, temperature=2.0),
+         np.sqrt(p) * np.array([1, 1, 1, 0]) / np.sqrt(p)[:3].sum()),
+        (SamplingConfig(max_new_tokens=1), p),
+    ]
+    for cfg, expected in cases:
+        tokens, lp, slp = sample_tokens(logits, keys, cfg)
+        freq = np.bincount(np.asarray(tokens), minlength=4) / n
+        # 5 standard errors of a binomial proportion.
+        tol = 5 * np.sqrt(expected * (1 - expected) / n) + 1e-9
+        assert (np.abs(freq - expected) <= tol).all(), (cfg, freq, expected)
+        tokens = np.asarray(tokens)
+        np.testing.assert_allclose(np.asarray(lp), np.log(p[tokens]), rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(slp), np.log(expected[tokens]), rtol=1e-5)
+
+
+def test_greedy_is_argmax_with_zero_sampling_logprob():
+    logits = jax.random.normal(jax.random.key(0), (5, VOCAB))
+    tokens, lp, slp = sample_tokens(logits, None, SamplingConfig(max_new_tokens=1, greedy=True))
+    np.testing.assert_array_equal(tokens, jnp.argmax(logits, -1))
+    np.testing.assert_allclose(lp, jnp.max(jax.nn.log_softmax(logits), -1), rtol=1e-6)
+    assert not np.asarray(slp).any()
+
+
+# ------------------------------------------------------------------- padding invariance
+
+
+@pytest.mark.parametrize("cfg", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_batched_equals_one_at_a_time(model, cfg):
+    """Left-padded batch == each prompt alone, unpadded (sampled: same per-row keys)."""
+    tokens, mask = _batch()
+    row_keys = jax.random.split(jax.random.key(7), len(PROMPTS))
+    batched = generate(model, tokens, mask, None, cfg, row_keys=row_keys)
+    for row in (0, 1):  # the padded rows (3 and 7 real tokens in a width of 10)
+        prompt = PROMPTS[row]
+        single = generate(
+            model, jnp.asarray(prompt)[None], jnp.ones((1, len(prompt)), bool), None, cfg,
+            row_keys=row_keys[row : row + 1],
+        )
+        np.testing.assert_array_equal(single.tokens[0], batched.tokens[row])
+        np.testing.assert_allclose(single.logprobs[0], batched.logprobs[row], atol=1e-5)
+    # Guard against a vacuous pass: the rows do differ from one another.
+    assert len({tuple(np.asarray(r)) for r in batched.tokens}) == len(PROMPTS)
+
+
+def test_default_row_keys_depend_on_row_index_only(model):
+    """Without row_keys, row r uses fold_in(key, r): replacing row 3's prompt leaves rows
+    0..2 unchanged, and two rows with the same prompt get different samples."""
+    tokens, mask = _batch()
+    key = jax.random.key(11)
+    out = generate(model, tokens, mask, key, SAMPLED)
+    rows = jnp.array([0, 1, 2, 0])
+    dup = generate(model, tokens[rows], mask[rows], key, SAMPLED)
+    np.testing.assert_array_equal(dup.tokens[:3], out.tokens[:3])
+    assert not np.array_equal(dup.tokens[3], dup.tokens[0])
+
+
+# ------------------------------------------------------------------ stops and early exit
+
+
+class CountingDecoder(Decoder):
+    """Counts forward passes actually executed (including inside the while loop)."""
+
+    calls = 0
+
+    def __call__(self, *args, **kwargs):
+        jax.debug.callback(CountingDecoder._tick)
+        return super().__call__(*args, **kwargs)
+
+    @staticmethod
+    def _tick():
+        CountingDecoder.calls += 1
+
+
+def test_stop_tokens_and_early_exit(model):
+    steps = GREEDY.max_new_tokens
+    tokens, mask = _batch()
+    free = generate(model, tokens, mask, None, GREEDY)
+    assert free.truncated.all() and (free.lengths == steps).all()
+    counting = CountingDecoder(model.cfg, rngs=nnx.Rngs(0))
+    nnx.update(counting, nnx.state(model))  # same weights, a graph that counts forwards
+    # Stop on a token each row emits early, so every row stops well before `steps`.
+    ft = np.asarray(free.tokens)
+    stop_ids = (int(ft[0, 1]), int(ft[1, 3]), int(ft[2, 2]), int(ft[3, 0]))
+    cfg = SamplingConfig(steps, greedy=True, stop_ids=stop_ids, pad_id=0)
+    CountingDecoder.calls = 0
+    out = generate(counting, tokens, mask, None, cfg)
+    jax.effects_barrier()
+    for row in range(len(PROMPTS)):
+        n = np.flatnonzero(np.isin(ft[row], stop_ids))[0] + 1
+        assert int(out.lengths[row]) == n and not out.truncated[row]
+        np.testing.assert_array_equal(out.tokens[row, :n], ft[row, :n])
+        assert (np.asarray(out.tokens[row, n:]) == 0).all()
+        assert (np.asarray(out.logprobs[row, n:]) == 0).all()
+        np.testing.assert_allclose(out.logprobs[row, :n], free.logprobs[row, :n], atol=1e-6)
+        np.testing.assert_array_equal(out.mask[row], np.arange(steps) < n)
+    # Early exit: prefill + one forward per further token of the longest row (<= 4 here),
+    # not prefill + steps - 1.
+    assert CountingDecoder.calls == int(out.lengths.max()) < steps
+
+
+# --------------------------------------------------------------------------- log-probs
+
+
+def test_logprobs_match_full_forward(model):
+    """out.logprobs == a no-cache forward of prompt + completion at T = 1; the sampling
+    log-probs == log softmax of the filtered logits of that same forward."""
+    cfg = SAMPLED
+    tokens, mask = _batch()
+    out = generate(model, tokens, mask, jax.random.key(5), cfg)
+    full = jnp.concatenate([tokens, out.tokens], axis=1)
+    full_mask = jnp.concatenate([mask, out.mask], axis=1)
+
+    @nnx.jit
+    def reference(model, full, full_mask):
+        positions = positions_from_mask(full_mask)
+        logits, _ = model(full, positions, attention_mask=full_mask)
+        return token_logprobs(model, full, full_mask), logits
+
+    ref, logits = reference(model, full, full_mask)
+    np.testing.assert_allclose(out.logprobs, ref[:, WIDTH:] * out.mask, atol=2e-5)
+    filtered = jax.nn.log_softmax(filter_logits(logits[:, WIDTH - 1 : -1], cfg), -1)
+    ref_s = jnp.take_along_axis(filtered, out.tokens[..., None], -1)[..., 0]
+    np.testing.assert_allclose(out.sampling_logprobs, ref_s * out.mask, atol=2e-5)
+    assert (np.asarray(out.sampling_logprobs) != np.asarray(out.logprobs)).any()
+
+
+# ------------------------------------------------------------ donated cache, recompiles
+
+
+def test_donated_cache_reused_without_recompile(model):
+    cfg = SAMPLED
+    tokens, mask = _batch()
+    cache = init_cache(model.cfg, len(PROMPTS), sampling.cache_length(WIDTH, cfg))
+    before = sampling._generate_jit._cache_size()
+    outs = []
+    for seed in (0, 1, 0):
+        out, new_cache = generate_with_cache(model, tokens, mask, jax.random.key(seed), cfg, cache)
+        assert cache.k.is_deleted(), "the cache buffer must be donated"
+        cache = new_cache
+        outs.append(out)
+    assert sampling._generate_jit._cache_size() == before + 1
+    # A stale, recycled cache gives the same result as a fresh one.
+    np.testing.assert_array_equal(outs[0].tokens, outs[2].tokens)
+    fresh = generate(model, tokens, mask, jax.random.key(0), cfg)
+    np.testing.assert_array_equal(fresh.tokens, outs[0].tokens)
+    with pytest.raises(ValueError, match="cache has batch"):
+        generate_with_cache(model, tokens[:2], mask[:2], jax.random.key(0), cfg, cache)
+
+
+# ---------------------------------------------------------------------------- sharding
+
+
+def test_sharded_batch_and_params_match_unsharded(model):
+    devices = np.array(jax.devices()[:4]).reshape(2, 2)
+    mesh = Mesh(devices, ("data", "tensor"))
+    cfg = SAMPLED
+    tokens, mask = _batch()
+    key = jax.random.key(2)
+    want = generate(model, tokens, mask, key, cfg)
+    graphdef, state = nnx.split(model)
+    # Shard every weight's last axis over "tensor" where it divides; batch over "data".
+    def shard(x):
+        spec = P(*([None] * (x.ndim - 1)), "tensor") if x.shape[-1] % 2 == 0 else P()
+        return jax.device_put(x, NamedSharding(mesh, spec))
+    sharded = nnx.merge(graphdef, jax.tree.map(shard, state))
+    batch_sharding = NamedSharding(mesh, P("data", None))
+    got = generate(sharded, jax.device_put(tokens, batch_sharding),
+                   jax.device_put(mask, batch_sharding), key, cfg)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+
+
+# ----------------------------------------------------------------- rollout batch helper
+
+
+def test_expand_prompts():
+    tokens, mask = _batch()
+    counts = jnp.array([2, 0, 3, 1])
+    flat_tokens, flat_mask, seg = expand_prompts(tokens, mask, counts, budget=6)
+    rows = [0, 0, 2, 2, 2, 3]
+    np.testing.assert_array_equal(seg, rows)
+    np.testing.assert_array_equal(flat_tokens, np.asarray(tokens)[rows])
+    np.testing.assert_array_equal(flat_mask, np.asarray(mask)[rows])
+    with pytest.raises(ValueError, match="sum to budget=7"):
+        expand_prompts(tokens, mask, counts, budget=7)
+    with pytest.raises(ValueError, match="counts has shape"):
+        expand_prompts(tokens, mask, jnp.array([5]), budget=5)
+
+
+# ------------------------------------------------------------------------ bad arguments
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(max_new_tokens=0), "max_new_tokens=0"),
+        (dict(max_new_tokens=4, temperature=0.0), "temperature=0.0"),
+        (dict(max_new_tokens=4, top_p=0.0), "top_p=0.0"),
+        (dict(max_new_tokens=4, top_p=1.5), "top_p=1.5"),
+        (dict(max_new_tokens=4, top_k=-1), "top_k=-1"),
+    ],
+)
+def test_config_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingConfig(**kwargs)
+
+
+def test_generate_rejects_bad_prompts(model):
+    tokens, mask = _batch()
+    cfg = SamplingConfig(max_new_tokens=2, greedy=True)
+    with pytest.raises(ValueError, match="no real token"):
+        generate(model, tokens, mask.at[0].set(False), None, cfg)
+    with pytest.raises(ValueError, match="not left-padded"):
+        generate(model, tokens, mask.at[0, -1].set(False), None, cfg)
+    with pytest.raises(ValueError, match="outside"):
+        generate(model, tokens, mask, None, SamplingConfig(2, greedy=True, stop_ids=(VOCAB,)))
+    with pytest.raises(ValueError, match="key=None"):
+        generate(model, tokens, mask, None, SamplingConfig(2))
