@@ -115,70 +115,137 @@ def _ordered_uint(x: Array) -> Array:
     return jnp.where(u >= top, ~u, u | top)
 
 
-def _kth_smallest(ukey: Array, mask: Array, k: Array) -> Array:
-    """Smallest ``v`` with ``#{mask & ukey <= v} >= k``; requires ``1 <= k <= #mask``."""
+def _from_ordered_uint(u: Array, dtype) -> Array:
+    """Inverse of :func:`_ordered_uint`."""
+    bits = jnp.finfo(dtype).bits
+    top = jnp.asarray(1 << (bits - 1), u.dtype)
+    return lax.bitcast_convert_type(jnp.where(u >= top, u ^ top, ~u), dtype)
+
+
+def _search(total, target, lo, hi, dtype=None):
+    """Smallest unsigned ``v`` in ``(lo, hi]`` with ``total(v) >= target`` for a
+    nondecreasing step function ``total``, given ``total(lo) < target <= total(hi)``.
+
+    Every other step interpolates ``total`` linearly between the bracket ends (in the float
+    values when ``dtype`` says ``v`` is ``_ordered_uint`` of a float), which ends after a
+    handful of passes on smooth data; the steps in between bisect the bits, which bounds
+    the search by 2·bits passes. Also stops early when ``total(hi) == target``.
+    """
+    def body(c):
+        lo, hi, clo, chi, it, _ = c
+        frac = (target - clo).astype(jnp.float32) / jnp.maximum(chi - clo, 1).astype(jnp.float32)
+        if dtype is not None:
+            flo, fhi = _from_ordered_uint(lo, dtype), _from_ordered_uint(hi, dtype)
+            guess = _ordered_uint(flo + (fhi - flo) * frac.astype(dtype))
+            interp = jnp.isfinite(fhi - flo)
+        else:
+            guess = lo + ((hi - lo).astype(jnp.float32) * frac).astype(lo.dtype)
+            interp = True
+        mid = jnp.where(interp & (it % 2 == 0), jnp.clip(guess, lo + 1, hi - 1),
+                        lo + (hi - lo) // 2)
+        cm = total(mid)
+        ok = cm >= target
+        return (jnp.where(ok, lo, mid), jnp.where(ok, mid, hi), jnp.where(ok, clo, cm),
+                jnp.where(ok, cm, chi), it + 1, cm == target)
+
+    init = (lo, hi, total(lo), total(hi), 0, jnp.bool_(False))
+    return lax.while_loop(lambda c: (c[1] - c[0] > 1) & ~c[5], body, init)[1]
+
+
+def _kth_smallest(ukey: Array, mask: Array, k: Array, dtype=None) -> Array:
+    """The k-th smallest ``ukey`` over ``mask`` (``1 <= k <= #mask``)."""
     big = jnp.asarray(jnp.iinfo(ukey.dtype).max, ukey.dtype)
     vmin = jnp.min(jnp.where(mask, ukey, big))
     vmax = jnp.max(jnp.where(mask, ukey, jnp.zeros_like(big)))
     count = lambda v: jnp.sum(mask & (ukey <= v), dtype=jnp.int32)
     first = count(vmin) >= k
-
-    def body(c):
-        lo, hi = c
-        mid = lo + (hi - lo) // 2
-        ok = count(mid) >= k
-        return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
-
-    # Invariant: count(lo) < k <= count(hi).
-    _, hi = lax.while_loop(lambda c: c[1] - c[0] > 1, body, (jnp.where(first, vmax, vmin), vmax))
-    return jnp.where(first, vmin, hi)
+    hi = lax.cond(first, lambda: vmin,
+                  lambda: _search(count, k, vmin, jnp.maximum(vmax, vmin + 1), dtype))
+    return jnp.max(jnp.where(mask & (ukey <= hi), ukey, jnp.zeros_like(big)))
 
 
 def _first_by_index(mask: Array, k: Array) -> Array:
     """The ``k`` lowest-index True entries of ``mask`` (``0 <= k <= #mask``)."""
     idx = jnp.arange(mask.shape[0], dtype=jnp.uint32)
-    kk = jnp.maximum(k, 1)
-    j = lax.cond(jnp.any(mask), lambda: _kth_smallest(idx, mask, kk), lambda: jnp.uint32(0))
+    j = lax.cond(k > 0, lambda: _kth_smallest(idx, mask, jnp.maximum(k, 1)),
+                 lambda: jnp.uint32(0))
     return mask & (idx <= j) & (k > 0)
 
 
-def _select_smallest(
-    key: Array, mask: Array, k: Array, *, rel_tol: float = 0.0, secondary: Array | None = None
-) -> Array:
-    """Exactly ``min(k, #mask)`` entries of ``mask`` with the smallest ``key``.
-
-    Keys within ``rel_tol * max(|v|, 1)`` of the k-th smallest value ``v`` count as tied;
-    ties go to the smallest ``secondary`` (non-negative ints), then the lowest index.
-    """
+def _select_smallest(key: Array, mask: Array, k: Array) -> Array:
+    """Exactly ``min(k, #mask)`` entries of ``mask`` with the smallest ``key``, ties by index."""
     k = jnp.clip(k, 0, jnp.sum(mask, dtype=jnp.int32))
     key = jnp.where(mask, key, jnp.zeros_like(key))
 
     def select():
         u = _ordered_uint(key)
-        vu = _kth_smallest(u, mask, k)
-        v = jnp.max(jnp.where(mask & (u <= vu), key, -jnp.inf))
-        tol = jnp.where(jnp.isfinite(v), rel_tol * jnp.maximum(jnp.abs(v), 1.0), 0.0)
-        below = mask & (key < v - tol)
-        band = mask & ~below & (key <= v + tol)
+        v = _kth_smallest(u, mask, k, key.dtype)
+        below = mask & (u < v)
+        tie = mask & (u == v)
         need = k - jnp.sum(below, dtype=jnp.int32)
-
-        def pick():
-            if secondary is None:
-                return _first_by_index(band, need)
-            sec = secondary.astype(jnp.uint32)
-            m = _kth_smallest(sec, band, need)
-            take = band & (sec < m)
-            tie = band & (sec == m)
-            return take | _first_by_index(tie, need - jnp.sum(take, dtype=jnp.int32))
-
-        take = lax.cond(jnp.sum(band, dtype=jnp.int32) == need, lambda: band, pick)
+        take = lax.cond(jnp.sum(tie, dtype=jnp.int32) == need, lambda: tie,
+                        lambda: _first_by_index(tie, need))
         return below | take
 
     return lax.cond(k > 0, select, lambda: jnp.zeros_like(mask))
 
 
+def _select_units(count_fn, key_fn, mask, budget, n_min, n_max, lo, hi, dtype, rel_tol):
+    """Hand out ``K = B - Σ n_min`` single rollouts ("units" ``N -> N+1``) in increasing order
+    of ``key_fn(N)`` (nondecreasing in N for every prompt): the K smallest unit keys.
+
+    ``count_fn(v, strict)`` gives per prompt the number of its units with key ``<= v``
+    (``< v``), ``lo``/``hi`` (ordered uints) a bracket of the K-th smallest key (``lo`` is
+    replaced by the smallest key minus one, ``hi`` by the largest key when they do not
+    bracket it). Keys within ``rel_tol`` of the K-th smallest count as tied; tied units go to
+    the prompt with fewer rollouts, then the lower index -- for κ levels that is the unit
+    that raises κ most, as leximin wants.
+    """
+    width = n_max - n_min
+    num = jnp.sum(mask, dtype=jnp.int32)
+    kk = budget - n_min * num
+    as_f = lambda u: _from_ordered_uint(u, dtype)
+    total = lambda u: jnp.sum(count_fn(as_f(u), False))
+
+    def solve():
+        ufirst = _ordered_uint(key_fn(jnp.full(mask.shape, n_min)))
+        ulast = _ordered_uint(key_fn(jnp.full(mask.shape, n_max - 1)))
+        big = jnp.asarray(jnp.iinfo(ufirst.dtype).max, ufirst.dtype)
+        vmin = jnp.min(jnp.where(mask, ufirst, big))
+        vmax = jnp.max(jnp.where(mask, ulast, jnp.zeros_like(big)))
+        lo2 = jnp.where(total(lo) < kk, lo, vmin - 1)
+        hi2 = jnp.where(total(hi) >= kk, hi, vmax)
+        v = as_f(_search(total, kk, lo2, jnp.maximum(hi2, lo2 + 1), dtype))
+        upto = count_fn(v, False)
+        # The K-th smallest key itself: the largest key among the units taken at v.
+        last = jnp.where(mask & (upto > 0), key_fn(n_min + jnp.maximum(upto - 1, 0)), -jnp.inf)
+        vstar = jnp.max(last)
+        tol = jnp.where(jnp.isfinite(vstar), rel_tol * jnp.maximum(jnp.abs(vstar), 1.0), 0.0)
+        lo_q = count_fn(vstar - tol, True)
+        hi_q = count_fn(vstar + tol, False)
+        need = kk - jnp.sum(lo_q)
+        # Tied units: level by level in N (fewest rollouts first), then by index.
+        upto_m = lambda m: jnp.sum(jnp.clip(jnp.minimum(hi_q, m.astype(jnp.int32) + 1) - lo_q,
+                                            0))
+        first_m = upto_m(jnp.uint32(0)) >= need
+        m = lax.cond(first_m, lambda: jnp.uint32(0),
+                     lambda: _search(upto_m, need, jnp.uint32(0),
+                                     jnp.maximum(width, 1).astype(jnp.uint32)))
+        m = m.astype(jnp.int32)
+        take = jnp.clip(jnp.minimum(hi_q, m) - lo_q, 0)
+        tie = mask & (lo_q <= m) & (m < hi_q)
+        extra = _first_by_index(tie, need - jnp.sum(take))
+        return lo_q + take + extra.astype(jnp.int32)
+
+    taken = lax.cond(
+        kk <= 0, lambda: jnp.zeros_like(mask, jnp.int32),
+        lambda: lax.cond(kk >= num * width, lambda: jnp.where(mask, width, 0), solve),
+    )
+    return jnp.where(mask, n_min + taken, 0)
+
+
 def _spread(mask: Array, budget: Array) -> Array:
-    """Uniform split of ``budget`` over ``mask``: ``floor(B/m)`` each, +1 for the first ``B mod m``."""
+    """Uniform split of ``budget`` over ``mask``: ``B // m`` each, +1 for the first ``B % m``."""
     m = jnp.maximum(jnp.sum(mask, dtype=jnp.int32), 1)
     q = budget // m
     extra = _first_by_index(mask, budget - q * m)
@@ -192,10 +259,11 @@ def _spread(mask: Array, budget: Array) -> Array:
 
 def _waterline_log(
     a: Array, active: Array, budget: Array, n_min: Array, n_max: Array, shift: int
-) -> Array:
+) -> tuple[Array, Array]:
     """``t* = log τ*``: the smallest ``t >= min_q log((n_min - s) λ_q)`` with ``F(t) = B``.
 
-    ``F(t) = Σ_active clip(s + exp(t - a_q), n_min, n_max)``. NaN if nothing is active.
+    ``F(t) = Σ_active clip(s + exp(t - a_q), n_min, n_max)``. Returned as ``(t, d)`` with
+    ``t* = t + d`` (see the polish step); NaN if nothing is active.
     """
     dt = a.dtype
     k = jnp.sum(active, dtype=jnp.int32)
@@ -254,21 +322,30 @@ def _waterline_log(
         return st[7]
 
     t = lax.cond(degenerate, lambda: jnp.where(budget <= k * n_min, t_lo, t_hi), solve)
-    return jnp.where(k > 0, t, jnp.nan)
+    # Polish: t - a_q loses eps·|a_q| to cancellation when λ is tiny (|a| ~ 100s), but for
+    # the free prompts a_q is within log((n_max-s)/(n_min-s)) of t, so t - a_q is exact
+    # (Sterbenz); re-solve the piece's linear equation for a small offset d on top of t.
+    r, s, _, _ = stats(t)
+    ok = (s > 0) & (r > 0)
+    d = jnp.where(ok, jnp.log(jnp.where(ok, r.astype(dt), 1.0)) - jnp.log(jnp.where(ok, s, 1.0)),
+                  0.0)
+    nan = jnp.asarray(jnp.nan, dt)
+    return jnp.where(k > 0, t, nan), jnp.where(k > 0, d, nan)
 
 
 def _continuous_counts(a, active, t, n_min, n_max, shift):
-    x = jnp.where(active, t - a, 0.0)
+    """``clip(s + exp(t - a_q), n_min, n_max)`` with ``t = (t_base, d)`` from the waterline."""
+    t_base, d = t
+    x = jnp.where(active, (t_base - a) + d, 0.0)
     n = jnp.clip(shift + jnp.exp(x), n_min.astype(a.dtype), n_max.astype(a.dtype))
     return jnp.where(active, n, 0.0)
 
 
-def _round(cont, active, budget, n_min, n_max, add_key, remove_key, *, rel_tol, tie_by_count):
-    """Floor ``cont``, then hand out / take back single rollouts by the given keys.
-
-    ``add_key(n)`` ranks prompts for one more rollout (smallest first), ``remove_key(n)``
-    for one less. After an accurate waterline one pass of additions suffices; the loop only
-    guards against float error in the floor.
+def _round(cont, active, budget, n_min, n_max, add_key, remove_key):
+    """Floor ``cont``, then hand out (take back) single rollouts, at most one per prompt per
+    pass, to the prompts with the smallest ``add_key(n)`` (``remove_key(n)``), ties by index.
+    After an accurate waterline one pass of additions suffices; the loop only guards
+    against float error in the floor.
     """
     n0 = jnp.where(active, jnp.clip(jnp.floor(cont).astype(jnp.int32), n_min, n_max), 0)
 
@@ -276,9 +353,7 @@ def _round(cont, active, budget, n_min, n_max, add_key, remove_key, *, rel_tol, 
         n, r, it = st
         add = r > 0  # one selection call site for both directions keeps the program small
         cand = active & jnp.where(add, n < n_max, n > n_min)
-        key = jnp.where(add, add_key(n), remove_key(n))
-        sec = jnp.where(add, n - n_min, n_max - n) if tie_by_count else None
-        sel = _select_smallest(key, cand, jnp.abs(r), rel_tol=rel_tol, secondary=sec)
+        sel = _select_smallest(jnp.where(add, add_key(n), remove_key(n)), cand, jnp.abs(r))
         n = n + jnp.where(add, 1, -1) * sel.astype(jnp.int32)
         return n, budget - jnp.sum(n), it + 1
 
@@ -293,17 +368,44 @@ def _level(n, a, shift):
     return jnp.log(jnp.maximum(n - shift, 1).astype(a.dtype)) + a
 
 
+def _leximin(a, active, budget, n_min, n_max, shift, t_c):
+    """Exact leximin integers: the ``B - Σ n_min`` units with the lowest levels.
+
+    Per prompt, the units with level ``<= v`` number ``floor(s + exp(v - a)) + 1 - n_min``
+    (clipped); that closed form is corrected by one step against the explicit float keys so
+    counting and comparing agree exactly. The K-th smallest level lies between the
+    continuous waterlines for budgets ``B - k - 2`` and ``B`` (a prompt's integer count at
+    level v exceeds its continuous count by at most one), so the search starts bracketed.
+    """
+    dt = a.dtype
+    k = jnp.sum(active, dtype=jnp.int32)
+    width = n_max - n_min
+    key = lambda n: _level(n, a, shift)
+
+    def count(v, strict):
+        x = jnp.where(active, v - a, 0.0)
+        j = jnp.clip(jnp.floor(shift + jnp.exp(jnp.minimum(x, 80.0))), n_min - 1, n_max - 1)
+        j = j.astype(jnp.int32) + 1 - n_min
+        inside = lambda n: (key(n) < v) if strict else (key(n) <= v)
+        j = jnp.where((j > 0) & ~inside(n_min + j - 1), j - 1, j)
+        j = jnp.where((j < width) & inside(n_min + j), j + 1, j)
+        return jnp.where(active, j, 0)
+
+    b_lo = budget - k - 2
+    t_lo = lax.cond(b_lo > k * n_min,
+                    lambda: sum(_waterline_log(a, active, b_lo, n_min, n_max, shift)),
+                    lambda: jnp.asarray(-jnp.inf, dt))
+    hi = t_c + 1e-4 * jnp.maximum(jnp.abs(t_c), 1.0)
+    return _select_units(count, key, active, budget, n_min, n_max, _ordered_uint(t_lo),
+                         _ordered_uint(hi), dt, rel_tol=64 * float(jnp.finfo(dt).eps))
+
+
 def _equalize(a, active, budget, n_min, n_max, shift, rounding):
     t = _waterline_log(a, active, budget, n_min, n_max, shift)
     cont = _continuous_counts(a, active, t, n_min, n_max, shift)
-    eps = float(jnp.finfo(a.dtype).eps)
+    t = t[0] + t[1]
     if rounding == "leximin":
-        counts = _round(
-            cont, active, budget, n_min, n_max,
-            lambda n: _level(n, a, shift),
-            lambda n: -_level(n - 1, a, shift),
-            rel_tol=64 * eps, tie_by_count=True,
-        )
+        counts = _leximin(a, active, budget, n_min, n_max, shift, t)
     else:
         # [paper] smallest change of (κ(N) - κ*)^2. With L = (N - s) λ,
         # κ(N) - κ* = -exp(-τ) expm1(τ - L): drop the common factor exp(-2τ), which keeps
@@ -311,12 +413,8 @@ def _equalize(a, active, budget, n_min, n_max, shift, rounding):
         lam = jnp.exp(a)
         tau = jnp.exp(jnp.where(jnp.isfinite(t), t, 0.0))
         dev = lambda n: jnp.square(jnp.expm1(jnp.minimum(tau - (n - shift) * lam, 80.0)))
-        counts = _round(
-            cont, active, budget, n_min, n_max,
-            lambda n: dev(n + 1) - dev(n),
-            lambda n: dev(n - 1) - dev(n),
-            rel_tol=0.0, tie_by_count=False,
-        )
+        counts = _round(cont, active, budget, n_min, n_max,
+                        lambda n: dev(n + 1) - dev(n), lambda n: dev(n - 1) - dev(n))
     return counts, t
 
 
@@ -359,76 +457,32 @@ def _dynamic(p, a, seen, budget, n_min, n_max, shift, rounding, threshold):
 
 def _greedy_units(key_fn, mask, budget, n_min, n_max):
     """Maximise ``Σ_q V_q(N_q)`` for concave ``V_q``: take the ``K = B - Σ n_min`` units
-    ``(q, N -> N + 1)`` with the smallest ``key_fn(N)[q]`` (= minus the marginal gain,
+    ``(q, N -> N + 1)`` with the smallest ``key_fn(N)[q]`` (= minus the log marginal gain,
     nondecreasing in N). For concave V this greedy is optimal, so it equals the dynamic
     programme over the budget. Exact ties go to the prompt with fewer rollouts, then the
-    lowest index. Cost: O(P · 32 · log2(n_max - n_min)) -- no O(P · B) table.
+    lowest index. Cost: O(P · 2·32 · log2(n_max - n_min)) -- no O(P · B) table.
     """
     width = n_max - n_min
-    units = jnp.sum(mask, dtype=jnp.int32) * width
-    kk = budget - n_min * jnp.sum(mask, dtype=jnp.int32)
 
     def count(v, strict):
-        """Per prompt: #units with ordered key <(=) v (a prefix of N, keys being monotone)."""
+        """Per prompt: #units with key <(=) v, by bisection over N (keys are monotone)."""
 
         def body(c):
             lo, hi = c
             mid = (lo + hi) // 2
-            ku = _ordered_uint(key_fn(n_min + mid))
-            inside = (ku < v) if strict else (ku <= v)
+            kv = key_fn(n_min + mid)
+            inside = (kv < v) if strict else (kv <= v)
             go = lo < hi
             return jnp.where(go & inside, mid + 1, lo), jnp.where(go & ~inside, mid, hi)
 
-        lo, _ = lax.while_loop(
-            lambda c: jnp.any(c[0] < c[1]), body, (jnp.zeros_like(mask, jnp.int32),
-                                                   jnp.full(mask.shape, width, jnp.int32))
-        )
+        init = (jnp.zeros(mask.shape, jnp.int32), jnp.full(mask.shape, width, jnp.int32))
+        lo, _ = lax.while_loop(lambda c: jnp.any(c[0] < c[1]), body, init)
         return jnp.where(mask, lo, 0)
 
-    def solve():
-        ufirst = _ordered_uint(key_fn(jnp.full(mask.shape, n_min)))
-        ulast = _ordered_uint(key_fn(jnp.full(mask.shape, n_max - 1)))
-        big = jnp.asarray(jnp.iinfo(ufirst.dtype).max, ufirst.dtype)
-        vmin = jnp.min(jnp.where(mask, ufirst, big))
-        vmax = jnp.max(jnp.where(mask, ulast, jnp.zeros_like(big)))
-        total = lambda v: jnp.sum(count(v, False))
-        first = total(vmin) >= kk
-
-        def body(c):
-            lo, hi = c
-            mid = lo + (hi - lo) // 2
-            ok = total(mid) >= kk
-            return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
-
-        _, v = lax.while_loop(lambda c: c[1] - c[0] > 1, body,
-                              (jnp.where(first, vmax, vmin), vmax))
-        v = jnp.where(first, vmin, v)
-        lo = count(v, True)
-        hi = count(v, False)
-        need = kk - jnp.sum(lo)
-        # Tied units (key == v) are handed out level by level in N, then by index.
-        upto = lambda m: jnp.sum(jnp.clip(jnp.minimum(hi, m + 1) - lo, 0))
-
-        def mbody(c):
-            mlo, mhi = c  # upto(mlo) < need <= upto(mhi)
-            mid = (mlo + mhi) // 2
-            ok = upto(mid) >= need
-            return jnp.where(ok, mlo, mid), jnp.where(ok, mid, mhi)
-
-        first_m = upto(jnp.int32(0)) >= need
-        _, m = lax.while_loop(lambda c: c[1] - c[0] > 1, mbody,
-                              (jnp.where(first_m, width, 0), width))
-        m = jnp.where(first_m, 0, m)
-        take = jnp.clip(jnp.minimum(hi, m) - lo, 0)
-        tie = mask & (lo <= m) & (m < hi)
-        extra = _first_by_index(tie, need - jnp.sum(take))
-        return lo + take + extra.astype(jnp.int32)
-
-    units_taken = lax.cond(
-        kk <= 0, lambda: jnp.zeros_like(mask, jnp.int32),
-        lambda: lax.cond(kk >= units, lambda: jnp.where(mask, width, 0), solve),
-    )
-    return jnp.where(mask, n_min + units_taken, 0)
+    dt = jnp.result_type(float)
+    u0 = jnp.zeros((), jnp.uint64 if jnp.finfo(dt).bits == 64 else jnp.uint32)
+    # lo = 0 / hi = 0 never bracket: _select_units falls back to the full key range.
+    return _select_units(count, key_fn, mask, budget, n_min, n_max, u0, u0, dt, rel_tol=0.0)
 
 
 def _knapsack_key(p):
@@ -477,10 +531,8 @@ def _seen_rule(rule, rounding, p, seen, budget, n_min, n_max, shift, threshold, 
         t = _waterline_log(ap, seen, budget, n_min, n_max, 1)
         cont = _continuous_counts(ap, seen, t, n_min, n_max, 1)
         frac = cont - jnp.floor(cont)
-        counts = _round(  # largest remainder, ties by index
-            cont, seen, budget, n_min, n_max, lambda n: -frac, lambda n: frac,
-            rel_tol=0.0, tie_by_count=False,
-        )
+        counts = _round(cont, seen, budget, n_min, n_max,  # largest remainder
+                        lambda n: -frac, lambda n: frac)
         return counts, seen, nan
     if rule == "knapsack":
         return _greedy_units(_knapsack_key(p0), seen, budget, n_min, n_max), seen, nan
@@ -492,8 +544,9 @@ def _seen_rule(rule, rounding, p, seen, budget, n_min, n_max, shift, threshold, 
 
 
 @functools.partial(jax.jit, static_argnames=("rule", "rounding", "shift", "unseen"))
-def _core(p, valid, budget, n_min, n_max, threshold, alpha, beta, *, rule, rounding, shift,
+def _core(p, num, budget, n_min, n_max, threshold, alpha, beta, *, rule, rounding, shift,
           unseen):
+    valid = jnp.arange(p.shape[0]) < num
     known = valid & ~jnp.isnan(p)
     hidden = valid & jnp.isnan(p)
     n_valid = jnp.sum(valid, dtype=jnp.int32)
@@ -550,10 +603,11 @@ def _core(p, valid, budget, n_min, n_max, threshold, alpha, beta, *, rule, round
 
 
 @jax.jit
-def _waterline_core(p, valid, budget, n_min, n_max, shift):
+def _waterline_core(p, num, budget, n_min, n_max, shift):
+    valid = jnp.arange(p.shape[0]) < num
     a = jnp.clip(log_lambda(jnp.where(valid, p, 0.5)), _A_MIN, _A_MAX)
     t = _waterline_log(a, valid, budget, n_min, n_max, shift)
-    tau = jnp.exp(t)
+    tau = jnp.exp(t[0] + t[1])
     return tau, -jnp.expm1(-tau), _continuous_counts(a, valid, t, n_min, n_max, shift)
 
 
@@ -618,18 +672,19 @@ def _prepare(p, budget, n_min, n_max, shift, *, allow_nan: bool, threshold=None)
         if not (np.issubdtype(host.dtype, np.floating) or np.issubdtype(host.dtype, np.integer)
                 or host.dtype == bool):
             raise ValueError(f"p must be numeric, got dtype {host.dtype}")
-        host = host.astype(np.float64)
-        nan = np.isnan(host)
-        if nan.any() and not allow_nan:
+        nan = np.isnan(host) if np.issubdtype(host.dtype, np.floating) else None
+        if nan is not None and not allow_nan and nan.any():
             raise ValueError(
                 f"p contains NaN (unseen prompts) at indices {np.flatnonzero(nan)[:8].tolist()};"
                 " allowed range is [0, 1] -- use unseen='fill' or 'fallback' to allocate them"
             )
-        bad = ~nan & ~((host >= 0) & (host <= 1))
+        bad = (host < 0) | (host > 1)  # False for NaN, True for +-inf
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(f"p must lie in [0, 1], got p[{i}] = {host[i]!r}")
         pa = host.astype(dtype)
+        # Subnormals are flushed to zero by XLA on CPU: make that explicit and portable.
+        pa[np.abs(pa) < np.finfo(dtype).tiny] = 0.0
     num = pa.shape[0]
     if static(budget, n_min, n_max) and not num * n_min <= budget <= num * n_max:
         raise ValueError(
@@ -637,12 +692,12 @@ def _prepare(p, budget, n_min, n_max, shift, *, allow_nan: bool, threshold=None)
             f"P={num}, n_min={n_min}, n_max={n_max}; got {budget}"
         )
     size = max(8, 1 << (num - 1).bit_length())
-    xp = jnp if _is_traced(pa) else np
-    pad = xp.full((size - num,), 0.5, dtype)
-    p_pad = jnp.asarray(xp.concatenate([pa, pad]))
-    valid = jnp.arange(size) < num
-    ints = [jnp.asarray(x, jnp.int32) for x in (budget, n_min, n_max)]
-    return p_pad, valid, num, ints
+    if size > num:
+        xp = jnp if _is_traced(pa) else np
+        pa = xp.concatenate([pa, xp.full((size - num,), 0.5, dtype)])
+    p_pad = jnp.asarray(pa)
+    ints = [x if _is_traced(x) else np.int32(x) for x in (num, budget, n_min, n_max)]
+    return p_pad, num, ints
 
 
 def _trim(tree, num):
@@ -656,13 +711,13 @@ def _run(rule, p, budget, *, n_min, n_max, shift, unseen, rounding="leximin", th
          alpha=None, beta=None):
     if unseen not in _UNSEEN:
         raise ValueError(f"unseen must be one of {_UNSEEN}, got {unseen!r}")
-    p_pad, valid, num, (b, lo, hi) = _prepare(
+    p_pad, num, (n, b, lo, hi) = _prepare(
         p, budget, n_min, n_max, shift, allow_nan=unseen != "error", threshold=threshold)
     size = p_pad.shape[0]
     if alpha is not None:
         alpha = jnp.pad(jnp.asarray(alpha, p_pad.dtype), (0, size - num), constant_values=1.0)
         beta = jnp.pad(jnp.asarray(beta, p_pad.dtype), (0, size - num), constant_values=1.0)
-    out = _core(p_pad, valid, b, lo, hi, jnp.asarray(threshold, p_pad.dtype), alpha, beta,
+    out = _core(p_pad, n, b, lo, hi, np.asarray(threshold, p_pad.dtype), alpha, beta,
                 rule=rule, rounding=rounding, shift=shift,
                 unseen="fallback" if unseen == "fallback" else "fill")
     return _trim(out, num)
@@ -679,8 +734,8 @@ def waterline(
     equation of the piece that contains the root, so ``Σ N_q = B`` up to float rounding.
     Without active bounds this is the closed form ``τ* = (B - sP) / Σ_q 1/λ_q``.
     """
-    p_pad, valid, num, (b, lo, hi) = _prepare(p, budget, n_min, n_max, shift, allow_nan=False)
-    tau, kstar, cont = _waterline_core(p_pad, valid, b, lo, hi, shift)
+    p_pad, num, (n, b, lo, hi) = _prepare(p, budget, n_min, n_max, shift, allow_nan=False)
+    tau, kstar, cont = _waterline_core(p_pad, n, b, lo, hi, shift)
     return tau, kstar, cont[:num]
 
 
@@ -736,6 +791,8 @@ def inverse_p(p: ArrayLike, budget: int, *, n_min: int, n_max: int, shift: int =
     waterline as SERA with ``λ -> p``, ``s = 1``), then rounded by largest remainder with
     ties by index. ``p = 0`` gets ``n_max``.
     """
+    if not _is_traced(n_min) and n_min < 2:
+        raise ValueError(f"inverse_p needs n_min >= 2 (its formula is 1 + ...), got n_min={n_min}")
     return _run("inverse_p", p, budget, n_min=n_min, n_max=n_max, shift=shift, unseen=unseen)
 
 

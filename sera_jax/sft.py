@@ -17,6 +17,7 @@ checkpoint (`sera_jax.checkpoint.Checkpointer`) holds parameters, optimiser stat
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -76,15 +77,21 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
     """AdamW(b1, b2, wd) on a (warmup +) cosine schedule to 0 at `num_steps`, after a
-    global-norm clip."""
-    if config.warmup_steps > 0:
-        schedule = optax.warmup_cosine_decay_schedule(
-            0.0, config.learning_rate, config.warmup_steps, config.num_steps, 0.0)
+    global-norm clip. Equal settings return the same object (so the jitted step, which
+    takes the optimiser as a static argument, compiles once per setting)."""
+    return _optimizer(float(config.learning_rate), int(config.warmup_steps),
+                      int(config.num_steps), float(config.b1), float(config.b2),
+                      float(config.weight_decay), float(config.grad_clip))
+
+
+@functools.lru_cache(maxsize=32)
+def _optimizer(lr, warmup, steps, b1, b2, wd, clip) -> optax.GradientTransformation:
+    if warmup > 0:
+        schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, steps, 0.0)
     else:
-        schedule = optax.cosine_decay_schedule(config.learning_rate, config.num_steps)
-    parts = [optax.clip_by_global_norm(config.grad_clip)] if config.grad_clip > 0 else []
-    parts.append(optax.adamw(schedule, b1=config.b1, b2=config.b2,
-                             weight_decay=config.weight_decay))
+        schedule = optax.cosine_decay_schedule(lr, steps)
+    parts = [optax.clip_by_global_norm(clip)] if clip > 0 else []
+    parts.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=wd))
     return optax.chain(*parts)
 
 
@@ -120,7 +127,11 @@ def sft_loss(model: nnx.Module, batch: dict[str, jax.Array]) -> jax.Array:
     return -(logp * weight).sum() / jnp.maximum(weight.sum(), 1.0)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(2, 3))
 def _train_step(graphdef, tx, params, opt_state, batch):
+    """One AdamW step on the SFT loss. Module-level jit keyed on the (hashable) graph and
+    optimiser: every trainer of the same model/optimiser reuses one compiled program per
+    mesh. Shardings follow the inputs (parameters and moments are updated elementwise)."""
     def loss_fn(p):
         return sft_loss(nnx.merge(graphdef, p), batch)
 
@@ -170,11 +181,6 @@ class SFTTrainer:
             is_leaf=lambda x: isinstance(x, nnx.Variable))
         self.params = params
         self.opt_state = jax.jit(self.tx.init, out_shardings=opt_sh)(params)
-        self._step_fn = jax.jit(
-            lambda p, o, b: _train_step(self.graphdef, self.tx, p, o, b),
-            out_shardings=(param_sh, opt_sh, shd.replicated(self.mesh)),
-            donate_argnums=(0, 1),
-        )
         self.step = 0
         self.ckpt = (Checkpointer(os.path.join(workdir, "sft_checkpoints"),
                                   max_to_keep=config.max_checkpoints_to_keep)
@@ -215,8 +221,8 @@ class SFTTrainer:
         t0, tokens = time.perf_counter(), 0
         while self.step < end:
             batch = self.batch(self.step)
-            self.params, self.opt_state, metrics = self._step_fn(self.params, self.opt_state,
-                                                                 batch)
+            self.params, self.opt_state, metrics = _train_step(
+                self.graphdef, self.tx, self.params, self.opt_state, batch)
             self.step += 1
             tokens += c.batch_size * self.width
             if self.step % c.log_every == 0 or self.step == end:

@@ -58,6 +58,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.methods.uniform = ml_collections.ConfigDict({"allocation": {"name": "uniform"}})
     c.methods.sera = ml_collections.ConfigDict(
         {"allocation": {"name": "sera", "mode": "dynamic", "multiplicity": True}})
+    # For reference (not in the default comparison): SERA ablations, peer allocators, GRPO.
+    c.methods.sera_no_multiplicity = ml_collections.ConfigDict(
+        {"allocation": {"name": "sera", "mode": "dynamic", "multiplicity": False}})
+    c.methods.sera_equalized = ml_collections.ConfigDict(
+        {"allocation": {"name": "sera", "mode": "equalized", "multiplicity": True}})
+    for peer in ("inverse_p", "knapsack", "hit_utility"):
+        c.methods[peer] = ml_collections.ConfigDict({"allocation": {"name": peer}})
     c.methods.grpo = ml_collections.ConfigDict(
         {"allocation": {"name": "uniform"}, "estimator": "grpo"})
     c.compare = ml_collections.ConfigDict()

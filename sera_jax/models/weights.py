@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -135,7 +136,8 @@ def param_shardings(
 
     The logical names in each Param's `out_sharding` metadata are mapped to mesh axes by
     flax logical-axis `rules` (`((logical, mesh_axis_or_None), ...)`); names without a rule
-    are replicated. `mesh=None` gives None (default single-device placement).
+    are replicated, and so (with a warning) is a dimension the mapped mesh axes do not
+    divide (e.g. 2 KV heads over tensor=4). `mesh=None` gives None (default placement).
     """
     state = nnx.state(model, nnx.Param)
     if mesh is None:
@@ -148,11 +150,28 @@ def param_shardings(
     rules = tuple((n, None) for n in sorted(known)) + tuple(rules or ())
     with nnx.logical_axis_rules(rules):
         specs = nnx.get_partition_spec(state)
+    shapes = {path: var.get_value().shape for path, var in nnx.to_flat_state(state)}
     out = {}
     for path, spec in nnx.to_flat_state(specs):
         spec = spec.get_value() if isinstance(spec, nnx.Variable) else spec
-        out[path] = jax.sharding.NamedSharding(mesh, spec)
+        out[path] = jax.sharding.NamedSharding(mesh, _divisible(spec, shapes[path], mesh, path))
     return out
+
+
+def _divisible(spec, shape, mesh, path) -> jax.sharding.PartitionSpec:
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    for dim, axes in enumerate(entries):
+        if axes is None:
+            continue
+        ways = int(np.prod([mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes)]))
+        if shape[dim] % ways:
+            warnings.warn(
+                f"parameter {'.'.join(map(str, path))}: dim {dim} of size {shape[dim]} is not "
+                f"divisible by mesh axes {axes} ({ways} ways); replicating that dim",
+                stacklevel=3,
+            )
+            entries[dim] = None
+    return jax.sharding.PartitionSpec(*entries)
 
 
 def _place(host: np.ndarray, sharding: jax.sharding.Sharding | None) -> jax.Array:

@@ -30,7 +30,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     # Allocation (sera_jax.allocation.ALLOCATORS).
     c.allocation = ml_collections.ConfigDict()
-    c.allocation.name = "sera"  # any key of ALLOCATORS ('uniform' = plain MaxRL)
+    # Any key of sera_jax.allocation.ALLOCATORS: 'sera' (mode/rounding/threshold below),
+    # 'sera_equalized', 'uniform' (plain MaxRL), 'inverse_p', 'knapsack', 'hit_utility'.
+    c.allocation.name = "sera"
     c.allocation.mode = "dynamic"  # SERA: 'dynamic' | 'equalized' | 'uniform'
     c.allocation.rounding = "leximin"  # SERA: 'leximin' | 'paper'
     c.allocation.threshold = 0.05  # SERA dynamic active set: u(p, N) >= threshold

@@ -35,6 +35,7 @@ samples, as most public RL code does.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import math
@@ -56,11 +57,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from sera_jax import checkpoint as ckpt_lib
 from sera_jax import history as history_lib
 from sera_jax import sharding as shd
+from sera_jax.allocation import get_allocator
 from sera_jax.estimators import get_advantage_estimator, policy_gradient_loss, rollout_weights
 from sera_jax.models.decoder import token_logprobs
 from sera_jax.rl import config as config_lib
 from sera_jax.sampling import SamplingConfig, default_row_keys, expand_prompts, generate
 from sera_jax.tasks.base import RLTask, left_pad
+
+#: Compiled train-step programs shared by Trainers of the same run shape (see Trainer).
+_PROGRAMS: dict[Any, tuple] = {}
 
 
 @flax.struct.dataclass
@@ -182,10 +187,12 @@ def allocator_kwargs(fn: Callable, config: ml_collections.ConfigDict, shift: int
     candidates = {"n_min": config.n_min, "n_max": config.n_max, "mode": a.mode,
                   "rounding": a.rounding, "threshold": a.threshold, "shift": shift,
                   "unseen": a.unseen}
+    # A registry entry may be a partial with options bound (e.g. mode="equalized"): those win.
+    bound = set(fn.keywords) if isinstance(fn, functools.partial) else set()
     params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return candidates
-    return {k: v for k, v in candidates.items() if k in params}
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        candidates = {k: v for k, v in candidates.items() if k in params}
+    return {k: v for k, v in candidates.items() if k not in bound}
 
 
 def _split_micro(x: jax.Array, num_micro: int, mesh: Mesh) -> jax.Array:
@@ -245,7 +252,6 @@ class Trainer:
     def __init__(self, config: ml_collections.ConfigDict, task: RLTask, model: nnx.Module,
                  mesh: Mesh | None = None, rules: Mapping[str, Any] = shd.LOGICAL_RULES):
         config_lib.validate(config)
-        from sera_jax.allocation import ALLOCATORS  # late: keeps import order flexible
 
         self.config = config
         self.task = task
@@ -265,7 +271,7 @@ class Trainer:
                 raise ValueError(f"config.{field} gives {rows} rows per call, not a multiple of "
                                  f"the {divisor} batch shards of mesh {dict(self.mesh.shape)}")
         self.estimator = get_advantage_estimator(config.estimator)
-        self.allocator = ALLOCATORS[config.allocation.name]
+        self.allocator = get_allocator(config.allocation.name)
         shift = self.estimator.kappa_shift if self.estimator.kappa_shift is not None else 1
         self.kappa_shift = shift
         self.allocator_kwargs = allocator_kwargs(self.allocator, config, shift)
@@ -292,7 +298,18 @@ class Trainer:
         self.state_shardings = TrainState(
             params=self.param_shardings, opt_state=self.opt_shardings,
             history=self.history_shardings, key=rep, step=rep, epoch=rep, cursor=rep)
-        self._train_step = self._build_train_step()
+        # Jitted programs are cached per (graph, shapes, shardings, loss and optimiser
+        # settings): a second Trainer for the same run shape (a restart, an ablation arm in
+        # the same process) reuses the compiled step instead of recompiling it.
+        key = (self.graphdef, self.mesh,
+               tuple((jax.tree_util.keystr(p), x.shape, x.dtype, s) for (p, x), s in zip(
+                   jax.tree_util.tree_flatten_with_path(params)[0],
+                   jax.tree.leaves(self.param_shardings))),
+               self.budget, self.micro, self.batch_prompts, config.aggregation,
+               int(config.rollouts_per_prompt), self.loss_len, config.optimizer.to_json())
+        if key not in _PROGRAMS:
+            _PROGRAMS[key] = self._build_programs()
+        self.tx, self._train_step, self.gradients, self.batch_shardings = _PROGRAMS[key]
 
     # --------------------------------------------------------------- state
 
@@ -321,7 +338,7 @@ class Trainer:
 
     # --------------------------------------------------------------- jitted programs
 
-    def _build_train_step(self):
+    def _build_programs(self):
         c = self.config
         graphdef, mesh, tx = self.graphdef, self.mesh, self.tx
         num_micro = self.budget // self.micro
@@ -359,19 +376,19 @@ class Trainer:
                                        "param_norm": optax.global_norm(params)}
 
         rows = lambda ndim: shd.batch_sharding(mesh, ndim)  # noqa: E731
-        self.batch_shardings = RolloutBatch(rows(2), rows(2), rows(2), rows(2), rows(1), rows(1))
+        batch_shardings = RolloutBatch(rows(2), rows(2), rows(2), rows(2), rows(1), rows(1))
         rep = shd.replicated(mesh)
-        #: `(loss, grads) = trainer.gradients(params, batch)`: the accumulated gradient of
-        #: one step's loss (not donating; for tests and gradient analyses).
-        self.gradients = jax.jit(gradients, in_shardings=(self.param_shardings,
-                                                          self.batch_shardings),
-                                 out_shardings=(rep, self.param_shardings))
-        return jax.jit(
+        # `(loss, grads) = trainer.gradients(params, batch)`: the accumulated gradient of one
+        # step's loss (not donating; for tests and gradient analyses).
+        gradients_jit = jax.jit(gradients, in_shardings=(self.param_shardings, batch_shardings),
+                                out_shardings=(rep, self.param_shardings))
+        train_step_jit = jax.jit(
             train_step,
-            in_shardings=(self.param_shardings, self.opt_shardings, self.batch_shardings),
+            in_shardings=(self.param_shardings, self.opt_shardings, batch_shardings),
             out_shardings=(self.param_shardings, self.opt_shardings, rep),
             donate_argnums=(0, 1),
         )
+        return tx, train_step_jit, gradients_jit, batch_shardings
 
     # --------------------------------------------------------------- one step
 

@@ -187,6 +187,8 @@ def apply_model(graphdef: nnx.GraphDef, params: nnx.State, batch_stats: nnx.Stat
     is sharded across devices: the mean is a jnp reduction that GSPMD all-reduces) and
     returns the updated running averages; train=False returns `batch_stats` unchanged.
     """
-    model = nnx.merge(graphdef, params, batch_stats)
+    # copy=True: fresh Variables in the current trace, so BatchNorm may update them under
+    # jax.grad / jax.vjp (the states passed in belong to an outer trace).
+    model = nnx.merge(graphdef, params, batch_stats, copy=True)
     logits = model(images, train=train)
     return logits, nnx.state(model, nnx.Not(nnx.Param))

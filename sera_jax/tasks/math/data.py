@@ -148,7 +148,8 @@ def _to_problem(row: Mapping[str, Any], fmt: str, where: str) -> MathProblem:
             raise ValueError(
                 f"{where}: MATH row has no 'answer' and its 'solution' has no \\boxed{{...}}"
             )
-    return MathProblem(str(row["problem"]), str(gold).strip(), _parse_level(row.get("level")), where)
+    level = _parse_level(row.get("level"))
+    return MathProblem(str(row["problem"]), str(gold).strip(), level, where)
 
 
 def load_problems(

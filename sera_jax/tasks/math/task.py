@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 import ml_collections
 import numpy as np
 from absl import logging
+from ml_collections import config_dict
 
 from sera_jax.models.tokenizer import Tokenizer
 from sera_jax.tasks.base import RLTask
@@ -61,7 +62,8 @@ class MathTask(RLTask):
         self._tokens: dict[str, list[np.ndarray]] = {}
         for split, problems in splits.items():
             kept, tokens = [], []
-            for p, ids in zip(problems, tokenizer.encode_batch([self.prompt_text(p) for p in problems])):
+            encoded = tokenizer.encode_batch([self.prompt_text(p) for p in problems])
+            for p, ids in zip(problems, encoded):
                 if max_prompt_len is None or len(ids) <= max_prompt_len:
                     kept.append(p)
                     tokens.append(ids.astype(np.int32))
@@ -158,14 +160,14 @@ def task_config() -> ml_collections.ConfigDict:
     c.train_path = ""
     c.eval_path = ""
     c.format = "auto"  # 'auto' | 'gsm8k' | 'math'
-    c.train_levels = ml_collections.FieldReference(None, field_type=tuple)
-    c.eval_levels = ml_collections.FieldReference(None, field_type=tuple)
+    c.train_levels = config_dict.placeholder(tuple)
+    c.eval_levels = config_dict.placeholder(tuple)
     c.train_limit = 0  # 0 = all
     c.eval_limit = 0
     # Prompting.
     c.template = "smollm"  # key of data.PROMPT_TEMPLATES
     c.chat = True
-    c.system = ml_collections.FieldReference(None, field_type=str)  # None: model default
+    c.system = config_dict.placeholder(str)  # None: model default
     c.max_new_tokens = 512
     c.max_prompt_len = 0  # 0 = no cap (longer prompts are dropped when set)
     c.grade_timeout_s = 5

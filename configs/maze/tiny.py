@@ -1,0 +1,44 @@
+"""A seconds-long end-to-end maze run for tests: 5x5 mazes, a 1-layer width-32 policy,
+3 SFT steps and 3 RL steps of 2 prompts x N0 4 per method (8 rollouts: one per forced CPU
+device)."""
+
+import importlib.util
+import os
+
+import ml_collections
+
+# Load the sibling config by path: config files are loaded by path, not as a package.
+_spec = importlib.util.spec_from_file_location(
+    "maze_cpu_config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu.py"))
+cpu = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cpu)
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = cpu.get_config()
+    c.name = "maze_tiny"
+    c.task.size = 5
+    c.task.num_train = 2  # there are only 4 distinct 5x5 perfect mazes
+    c.task.num_eval = 1
+    c.task.num_sft = 1
+    c.task.max_new_tokens = 10
+    c.model.overrides = ml_collections.ConfigDict(dict(
+        hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1))
+    c.sft.num_steps = 3
+    c.sft.batch_size = 8
+    c.sft.warmup_steps = 1
+    c.sft.log_every = 1
+    c.sft.checkpoint_every = 0
+    c.rl.num_steps = 3
+    c.rl.prompts_per_step = 2
+    c.rl.rollouts_per_prompt = 4
+    c.rl.n_min = 2
+    c.rl.n_max = 6
+    c.rl.checkpoint_every = 1
+    c.rl.log_every = 1
+    c.eval.num_samples = 8
+    c.eval.curve_samples = 8
+    c.eval.every = 2
+    c.eval.num_prompts = 1
+    c.eval.batch_size = 8
+    return c

@@ -1,0 +1,241 @@
+"""Weight import: HF safetensors (single file, sharded index, onto a mesh) and GGUF
+(llama.cpp permutation, quantised tensors), against an independent NumPy forward."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors.numpy import save_file
+
+from sera_jax.models.configs import from_hf_config
+from sera_jax.models.decoder import example_axis_rules
+from sera_jax.models.weights import (
+    gguf_config,
+    load_gguf,
+    load_hf_checkpoint,
+    param_shardings,
+    save_hf_checkpoint,
+)
+from tests.models._reference import (
+    random_hf_tensors,
+    reference_logits,
+    tiny_hf_config,
+    write_hf_checkpoint,
+)
+
+TOKENS = np.array([3, 17, 5, 60, 22, 9, 41, 0, 33], np.int32)
+
+_forward = nnx.jit(lambda m, t: m(t, jnp.arange(t.shape[1])[None])[0])
+
+
+def logits_of(model, tokens=TOKENS):
+    return np.asarray(_forward(model, jnp.asarray(tokens)[None]))[0]
+
+
+@pytest.mark.parametrize("model_type,tied", [("llama", True), ("qwen2", False), ("qwen3", True)])
+def test_hf_checkpoint_matches_numpy_reference(tmp_path, model_type, tied):
+    cfg = tiny_hf_config(model_type, tied=tied)
+    tensors = random_hf_tensors(cfg, seed=1)
+    write_hf_checkpoint(tmp_path, cfg, tensors)
+    model = load_hf_checkpoint(tmp_path)
+    assert (model.cfg.qkv_bias, model.cfg.qk_norm, model.cfg.tie_embeddings) == (
+        model_type == "qwen2", model_type == "qwen3", tied)
+    want = reference_logits(cfg, tensors, TOKENS)
+    np.testing.assert_allclose(logits_of(model), want, atol=2e-5, rtol=1e-5)
+
+    # save -> load is the identity (bit-for-bit logits).
+    save_hf_checkpoint(model, tmp_path / "again")
+    again = load_hf_checkpoint(tmp_path / "again")
+    np.testing.assert_array_equal(logits_of(again), logits_of(model))
+
+
+def test_sharded_index_and_bfloat16_params(tmp_path):
+    cfg = tiny_hf_config("qwen2", tied=False)
+    tensors = random_hf_tensors(cfg, seed=2)
+    names = sorted(tensors)
+    halves = {"a.safetensors": names[::2], "b.safetensors": names[1::2]}
+    for fname, part in halves.items():
+        save_file({n: tensors[n] for n in part}, os.path.join(tmp_path, fname))
+    index = {"weight_map": {n: f for f, part in halves.items() for n in part}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+
+    model = load_hf_checkpoint(tmp_path)
+    np.testing.assert_allclose(logits_of(model), reference_logits(cfg, tensors, TOKENS),
+                               atol=2e-5, rtol=1e-5)
+    bf16 = load_hf_checkpoint(tmp_path, param_dtype=jnp.bfloat16)
+    assert bf16.layers[0].attn.q_kernel[...].dtype == jnp.bfloat16
+
+
+def test_load_onto_mesh(tmp_path):
+    cfg = tiny_hf_config("llama", tied=False, num_attention_heads=4, num_key_value_heads=1)
+    tensors = random_hf_tensors(cfg, seed=3)
+    write_hf_checkpoint(tmp_path, cfg, tensors)
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    with pytest.warns(UserWarning, match="not divisible"):  # vocab 61, 1 KV head over 2
+        model = load_hf_checkpoint(tmp_path, mesh=mesh, rules=example_axis_rules())
+    P = jax.sharding.PartitionSpec
+    q = model.layers[1].attn.q_kernel[...]
+    assert q.sharding.spec == P("fsdp", "tensor", None)
+    assert q.addressable_shards[0].data.shape == (24, 2, 8)  # [48/2, 4/2, 8]
+    assert model.layers[0].attn.k_kernel[...].sharding.spec == P("fsdp", None, None)
+    assert model.embed[...].sharding.spec == P(None, "fsdp")  # 61 rows: replicated
+    assert model.final_norm.scale[...].sharding.spec == P(None)
+    np.testing.assert_allclose(logits_of(model), reference_logits(cfg, tensors, TOKENS),
+                               atol=2e-5, rtol=1e-5)
+    # Without rules every parameter is replicated on the mesh.
+    specs = param_shardings(model, mesh, None)
+    assert all(s.spec == P(*([None] * len(s.spec))) for s in specs.values())
+
+
+def test_hf_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_hf_checkpoint(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_hf_checkpoint(tmp_path)
+    cfg = tiny_hf_config("llama")
+    tensors = random_hf_tensors(cfg)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        load_hf_checkpoint(tmp_path)
+
+    write_hf_checkpoint(tmp_path / "gpt2", {**cfg, "model_type": "gpt2"}, tensors)
+    with pytest.raises(ValueError, match="model_type='gpt2'"):
+        load_hf_checkpoint(tmp_path / "gpt2")
+
+    wrong = {**cfg, "intermediate_size": 64}  # tensors have 80
+    write_hf_checkpoint(tmp_path / "shape", wrong, tensors)
+    with pytest.raises(ValueError, match=r"mlp.gate has shape \(48, 80\).*expects \(48, 64\)"):
+        load_hf_checkpoint(tmp_path / "shape")
+
+    fewer = {**cfg, "num_hidden_layers": 1}
+    write_hf_checkpoint(tmp_path / "extra", fewer, tensors)
+    with pytest.raises(ValueError, match="not used by the config"):
+        load_hf_checkpoint(tmp_path / "extra")
+
+    partial = {k: v for k, v in tensors.items() if "layers.1.mlp.up" not in k}
+    write_hf_checkpoint(tmp_path / "missing", cfg, partial)
+    with pytest.raises(ValueError, match="missing.*layers.1.mlp.up_proj"):
+        load_hf_checkpoint(tmp_path / "missing")
+
+    with pytest.raises(ValueError, match="rope type 'llama3'"):
+        from_hf_config({**cfg, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+
+
+# ---------------------------------------------------------------------------------------
+# GGUF: written the way llama.cpp's convert_hf_to_gguf.py writes a Llama checkpoint.
+# ---------------------------------------------------------------------------------------
+
+
+def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    # convert_hf_to_gguf.LlamaModel.permute: rotate_half rows -> interleaved pairs per head.
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+_HF_TO_GGUF_BLOCK = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def _write_gguf(path, cfg, tensors, arch="llama", quantise=()):
+    """A GGUF like llama.cpp's converter: metadata, renamed tensors, q/k permuted (llama).
+
+    Tensors named in `quantise` are stored as Q8_0; returns the HF tensors as the loader
+    should reconstruct them (quantised ones replaced by their dequantised values).
+    """
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(cfg["num_attention_heads"])
+    writer.add_head_count_kv(cfg["num_key_value_heads"])
+    writer.add_key_length(cfg["head_dim"])
+    writer.add_rope_freq_base(cfg["rope_theta"])
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    writer.add_vocab_size(cfg["vocab_size"])
+    expected = {}
+    for hf, w in tensors.items():
+        if hf.startswith("model.layers."):
+            i, rest = hf[len("model.layers."):].split(".", 1)
+            name = f"blk.{i}.{_HF_TO_GGUF_BLOCK[rest]}"
+        else:
+            name = {"model.embed_tokens.weight": "token_embd.weight",
+                    "model.norm.weight": "output_norm.weight",
+                    "lm_head.weight": "output.weight"}[hf]
+        data = w
+        if arch == "llama" and "q_proj" in hf:
+            data = _llama_cpp_permute(w, cfg["num_attention_heads"])
+        elif arch == "llama" and "k_proj" in hf:
+            data = _llama_cpp_permute(w, cfg["num_key_value_heads"])
+        if hf in quantise:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            packed = gguf.quants.quantize(data, q8)
+            writer.add_tensor(name, packed, raw_dtype=q8)
+            expected[hf] = gguf.quants.dequantize(gguf.quants.quantize(w, q8), q8)
+            assert not np.array_equal(expected[hf], w)  # quantisation really happened
+        else:
+            writer.add_tensor(name, data)
+            expected[hf] = w
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return expected
+
+
+def test_gguf_llama_round_trip_with_permutation_and_q8(tmp_path):
+    cfg = tiny_hf_config("llama", tied=False, hidden_size=64, intermediate_size=96)
+    tensors = random_hf_tensors(cfg, seed=4)
+    quantise = {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.up_proj.weight"}
+    expected = _write_gguf(tmp_path / "m.gguf", cfg, tensors, quantise=quantise)
+    parsed = gguf_config(tmp_path / "m.gguf")
+    assert (parsed.num_layers, parsed.num_heads, parsed.num_kv_heads, parsed.head_dim,
+            parsed.tie_embeddings, parsed.rope_theta) == (2, 6, 2, 8, False, 5000.0)
+    model = load_gguf(tmp_path / "m.gguf")
+    np.testing.assert_allclose(logits_of(model), reference_logits(cfg, expected, TOKENS),
+                               atol=2e-5, rtol=1e-5)
+
+
+def test_gguf_qwen2_has_bias_and_no_permutation(tmp_path):
+    cfg = tiny_hf_config("qwen2", tied=True)
+    tensors = random_hf_tensors(cfg, seed=5)
+    _write_gguf(tmp_path / "q.gguf", cfg, tensors, arch="qwen2")
+    model = load_gguf(tmp_path / "q.gguf")
+    assert model.cfg.qkv_bias and model.cfg.tie_embeddings
+    np.testing.assert_allclose(logits_of(model), reference_logits(cfg, tensors, TOKENS),
+                               atol=2e-5, rtol=1e-5)
+
+
+def test_gguf_errors(tmp_path):
+    import gguf
+
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_gguf(tmp_path / "none.gguf")
+    writer = gguf.GGUFWriter(str(tmp_path / "gpt2.gguf"), "gpt2")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="architecture='gpt2' is not supported"):
+        load_gguf(tmp_path / "gpt2.gguf")
