@@ -166,6 +166,7 @@ def evaluate_policy(model: Any, task: maze_lib.MazeTask, cfg: ml_collections.Con
     return {"step": int(step), "num_samples": int(res.num_samples),
             "pass_at_k": {str(int(k)): float(v) for k, v in zip(ks, values)},
             "num_correct": res.num_correct.astype(int).tolist(),
+            "maj": next((v for k, v in res.summary.items() if k.startswith("maj@")), None),
             "mean_length": res.summary["mean_length"], "seconds": time.perf_counter() - t0}
 
 

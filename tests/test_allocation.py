@@ -376,9 +376,9 @@ def test_uniform_and_registry():
 
 def test_numerical_extremes_float32():
     p = np.array([0.0, 1e-300, 1e-45, 1e-7, 0.5, 1 - 1e-7, 1 - 1e-16, 1.0])
-    alloc = allocate(p, 8 * 16, n_min=2, n_max=40, mode="equalized")
+    alloc = allocate(p, 8 * 20, n_min=2, n_max=40, mode="equalized")
     counts = np.asarray(alloc.counts)
-    assert counts.sum() == 128 and np.all(np.isfinite(np.asarray(alloc.weights)))
+    assert counts.sum() == 160 and np.all(np.isfinite(np.asarray(alloc.weights)))
     assert list(counts[:3]) == [40, 40, 40]  # p -> 0: n_max first
     assert list(counts[-3:]) == [2, 2, 2]  # p -> 1: n_min
     assert np.isfinite(float(alloc.kappa_mean))
@@ -387,10 +387,10 @@ def test_numerical_extremes_float32():
 def test_numerical_extremes_float64():
     with jax.enable_x64(True):
         p = np.array([1e-300, 1e-200, 1e-10, 0.5, 1 - 1e-16, 1.0, 0.9, 1e-3])
-        tau, kstar, cont = waterline(p, 8 * 64, 2, 256)
+        tau, kstar, cont = waterline(p, 8 * 80, 2, 256)
         cont = np.asarray(cont)
         assert cont.dtype == np.float64 and np.isfinite(float(tau)) and float(tau) > 0
-        np.testing.assert_allclose(cont.sum(), 512, rtol=1e-12)
+        np.testing.assert_allclose(cont.sum(), 640, rtol=1e-12)
         assert cont[0] == 256 and cont[1] == 256 and cont[4] == 2 and cont[5] == 2
         assert float(kstar) == pytest.approx(-np.expm1(-float(tau)))
 
@@ -440,7 +440,7 @@ OK = dict(n_min=2, n_max=8)
         (lambda: allocate([0.1, 0.2], 8, unseen="skip", **OK), "unseen must be one of"),
         (lambda: allocate([0.1, 0.2], 8, threshold=1.5, **OK), r"threshold must be in \[0, 1\]"),
         (lambda: allocate([0.1, 0.2], 8, shift=2, **OK), "shift must be 0"),
-        (lambda: allocate([0.1, 0.2], 2**40, n_min=2, n_max=2**41), "budget must be in"),
+        (lambda: allocate([0.1, 0.2], 2**40, n_min=2, n_max=2**30), "budget must be in"),
         (lambda: hit_utility([0.1, 0.2], 8, alpha=[1.0, 1.0], **OK), "together"),
         (lambda: hit_utility([0.1, 0.2], 8, alpha=[1.0, 0.0], beta=[1, 1], **OK), "> 0"),
         (lambda: inverse_p([0.1, 0.2], 4, n_min=1, n_max=8, shift=0), "inverse_p needs"),

@@ -28,8 +28,10 @@ def test_configs_are_consistent():
     assert (paper.rl.n_min, paper.rl.n_max, paper.rl.num_steps) == (2, 512, 3000)
     assert paper.rl.optimizer.learning_rate == 1e-4 and paper.eval.num_samples == 2048
     assert paper.task.max_new_tokens == 180
-    model = exp.build_model(paper)
-    assert model.cfg.num_layers == 4 and model.cfg.hidden_size == 256
+    model_cfg = exp.get_model_config(paper.model.preset, **dict(paper.model.overrides))
+    assert (model_cfg.num_layers, model_cfg.hidden_size, model_cfg.intermediate_size) == (
+        4, 256, 1024)
+    assert (model_cfg.num_heads, model_cfg.num_kv_heads, model_cfg.rope_theta) == (4, 2, 1e6)
     cpu = load_config("cpu")
     assert cpu.task.max_new_tokens >= exp.maze_lib.max_answer_length(cpu.task.size)
     assert len(cpu.compare.seeds.split(",")) >= 3

@@ -1,9 +1,10 @@
 """Maze SFT -> RL (uniform MaxRL vs SERA, 3 seeds each) -> eval, sized for 2 CPU cores.
 
 9x9 perfect mazes (94-token prompts, answers <= 32 tokens), a 2-layer width-128 policy of
-the spec's architecture family, a short SFT to a weak-to-moderate policy, then 40 RL steps
-of 16 prompts x N0 16 = 256 rollouts per method and seed (64 training mazes, so 4 steps per
-epoch and SERA allocates from history from epoch 2 on). Run with
+the spec's architecture family, a short SFT (300 x 32) to a weak-to-moderate policy, then 32
+RL steps of 8 prompts x N0 8 = 64 rollouts per method and seed (32 training mazes, so 4
+steps per epoch and SERA allocates from history from epoch 2 on), evaluated on 64 held-out
+mazes with 32 samples each. Sized for 2 *shared* CPU cores. Run with
 
     python -m experiments.maze --config=configs/maze/cpu.py --workdir=/tmp/maze_cpu
 """
@@ -20,7 +21,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.task = ml_collections.ConfigDict()
     c.task.size = 9
-    c.task.num_train = 64  # RL prompts
+    c.task.num_train = 32  # RL prompts
     c.task.num_eval = 64  # held-out mazes
     c.task.num_sft = 4000  # supervised shortest paths (disjoint from both)
     c.task.seed = 0
@@ -34,23 +35,23 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.seed = 0
 
     c.sft = sft.get_config()
-    c.sft.num_steps = 400
+    c.sft.num_steps = 300
     c.sft.batch_size = 32
     c.sft.learning_rate = 2e-3
     c.sft.warmup_steps = 20
     c.sft.log_every = 50
-    c.sft.checkpoint_every = 200
+    c.sft.checkpoint_every = 100
 
     c.rl = rl_config.get_config()
-    c.rl.num_steps = 40
-    c.rl.prompts_per_step = 16
-    c.rl.rollouts_per_prompt = 16
+    c.rl.num_steps = 32
+    c.rl.prompts_per_step = 8
+    c.rl.rollouts_per_prompt = 8
     c.rl.n_min = 2
-    c.rl.n_max = 64
+    c.rl.n_max = 32
     c.rl.optimizer.learning_rate = 3e-4
     c.rl.allocation.name = "sera"
-    c.rl.checkpoint_every = 10
-    c.rl.log_every = 5
+    c.rl.checkpoint_every = 8
+    c.rl.log_every = 4
     c.rl.mesh.data = -1
 
     # Methods compared by the `rl`/`eval`/`all` stages: name -> overrides of `rl`.
@@ -72,9 +73,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.compare.seeds = "0,1,2"
 
     c.eval = ml_collections.ConfigDict()
-    c.eval.num_samples = 64  # final evaluation: pass@k for k = 1, 2, 4, ..., 64
-    c.eval.curve_samples = 64  # intermediate evaluations (pass@k vs training rollouts)
-    c.eval.every = 20  # RL steps between evaluations
+    c.eval.num_samples = 32  # final evaluation: pass@k for k = 1, 2, 4, ..., 32
+    c.eval.curve_samples = 32  # intermediate evaluations (pass@k vs training rollouts)
+    c.eval.every = 16  # RL steps between evaluations
     c.eval.num_prompts = 64  # held-out mazes evaluated (<= task.num_eval)
     c.eval.batch_size = 1024  # sampler rows per call
     c.eval.temperature = 1.0

@@ -316,7 +316,9 @@ class Trainer:
     def init_state(self, model: nnx.Module) -> TrainState:
         """Fresh state from `model`'s parameters: zero optimiser moments, empty history,
         key from `config.seed`, step 0, data position (0, 0); placed on the mesh."""
-        params = jax.device_put(nnx.state(model), self.param_shardings)
+        # A copy (never an alias): the train step donates params, and the caller's model
+        # must stay usable (e.g. to evaluate the initial policy after training).
+        params = jax.device_put(nnx.state(model), self.param_shardings, may_alias=False)
         opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(params)
         h = self.config.history
         history = history_lib.SuccessHistory.create(self.num_prompts, h.alpha, h.beta, h.gamma)

@@ -402,6 +402,18 @@ class MazeTask(RLTask):
             raise ValueError(f"completions has {len(completions)} rows, ids has {ids.size}")
         return verify(self._walls[split][ids], completions)
 
+    def extract_answers(self, split: str, ids: Sequence[int], completions: Sequence[np.ndarray]
+                        ) -> list[tuple[int, ...] | None]:
+        """The move sequence before the first DONE (None without DONE): equal answers get
+        equal rewards on the same maze, as majority voting (maj@n) requires."""
+        del split, ids
+        out: list[tuple[int, ...] | None] = []
+        for comp in completions:
+            comp = np.asarray(comp).reshape(-1)
+            done = np.flatnonzero(comp == DONE)
+            out.append(tuple(int(t) for t in comp[: done[0]]) if done.size else None)
+        return out
+
     def decode(self, tokens: Sequence[int]) -> str:
         return decode(tokens)
 

@@ -74,21 +74,43 @@ def test_logits_match_transformers(tmp_path, case):
 
 @pytest.mark.slow
 def test_embedded_smollm2_matches_transformers_gguf_loader():
-    """Our GGUF loader vs transformers' own GGUF dequantiser on the embedded SmolLM2."""
+    """Our GGUF loader and tokenizer vs transformers' own GGUF readers on the embedded SmolLM2.
+
+    transformers dequantises and un-permutes with its own code (`load_gguf_checkpoint`).
+    """
     import os
 
-    from sera_jax.models.embedded import smollm2_gguf_path
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from sera_jax.models.embedded import load_smollm2, smollm2_gguf_path
 
     path = smollm2_gguf_path()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
-    ).eval()
-    ours = load_gguf(path)
-    tokens = np.array([[504, 2644, 2643, 335, 260, 1171, 284, 5328, 578, 282, 260, 5700]])
+    ours, tok = load_smollm2()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path))
+    texts = ["Hello world! In 2024, 3.14159 costs $12,345.",
+             "  leading spaces\n\nnewlines\ttabs", "naïve café — “quotes” 日本語 😀",
+             "<|im_start|>user\nHi<|im_end|>\n", "don't I'll we've THEY'RE"]
+    for text in texts:
+        assert tok.encode(text).tolist() == hf_tok.encode(text, add_special_tokens=False)
+
+    config = load_gguf_checkpoint(path)["config"]
+    model_type = config.pop("model_type")
+    config.pop("_model_name_or_path", None)
+    hf_config = transformers.AutoConfig.for_model(model_type, **config)
+    hf_config._attn_implementation = "eager"
+    hf = transformers.AutoModelForCausalLM.from_config(hf_config).float().eval()
+    tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=hf)["tensors"]
+    state = {k: torch.as_tensor(np.asarray(v, np.float32)) for k, v in tensors.items()}
+    state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
+    hf.load_state_dict(state, strict=False)
+
+    tokens = tok.encode("The quick brown fox jumps over the lazy dog near the river bank.")[None]
     with torch.no_grad():
-        want = hf(input_ids=torch.from_numpy(tokens)).logits.numpy()
+        want = hf(input_ids=torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
     got = np.asarray(nnx.jit(lambda m, t: m(t, jnp.arange(t.shape[1])[None])[0])(
-        ours, jnp.asarray(tokens, jnp.int32)))
+        ours, jnp.asarray(tokens)))
     diff = np.abs(got - want).max()
-    print(f"SmolLM2 GGUF: max |logit diff| vs transformers = {diff:.2e}")
-    assert diff <= 1e-3 * max(1.0, np.abs(want).max())
+    print(f"SmolLM2 GGUF: max |logit diff| vs transformers = {diff:.2e} "
+          f"(logit scale {np.abs(want).max():.1f})")
+    assert diff <= 1e-3

@@ -203,6 +203,10 @@ def test_task_contract():
     with pytest.raises(ValueError, match="split must be"):
         task.split_size("test")
     assert task.decode([M.UP, M.DONE, 77]) == "UP DONE <id:77>"
+    answers_ = task.extract_answers("train", ids, [np.asarray([M.UP, M.DONE, 5]),
+                                                   np.asarray([M.UP]), comps[0]])
+    assert answers_[0] == (M.UP,) and answers_[1] is None
+    assert answers_[2] == tuple(int(t) for t in comps[0][:-1])
 
 
 def test_render_and_draw():

@@ -1,0 +1,113 @@
+"""SERA allocation speed: the jitted ``sera_jax.allocation.allocate`` vs the published
+algorithm in straightforward NumPy (``published_numpy.py``), side by side in one run.
+
+For each batch size P: median wall time per call after compilation (the jitted call
+includes input validation and the host->device copy), the ratio, and the objective both
+maximise -- min κ over the active prompts, recomputed in float64 from the counts. Also the
+fraction of prompts where ``rounding="paper"`` reproduces the NumPy counts exactly. The
+batch is the demo's (``experiments/allocation_demo.py``): p̂ piled up near 0 and 1.
+
+    .venv/bin/python benchmarks/allocation_bench.py [--sizes 256 4096 65536 1048576]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from published_numpy import allocate_published  # noqa: E402
+
+from experiments.allocation_demo import synthetic_success_probs  # noqa: E402
+from sera_jax.allocation import allocate  # noqa: E402
+
+
+def min_kappa(p: np.ndarray, counts: np.ndarray, shift: int = 1) -> float:
+    act = counts > 0
+    return float(np.min(-np.expm1((counts[act] - shift) * np.log1p(-p[act]))))
+
+
+def timed(fn, reps: int, budget_s: float):
+    """Median seconds over up to ``reps`` calls (fewer if they exceed ``budget_s``)."""
+    times, out = [], None
+    while len(times) < reps and (not times or sum(times) < budget_s):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), len(times), out
+
+
+def machine_note() -> str:
+    cpu = platform.processor() or "unknown cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
+    return (f"{cpu}, {os.cpu_count()} cores visible, jax {jax.__version__} "
+            f"({jax.default_backend()}), load average {load[0]:.1f}")
+
+
+def bench_cell(p: np.ndarray, budget: int, mode: str, args) -> str:
+    """One table row: jax (leximin, paper rounding) vs the NumPy published allocator."""
+    kw = dict(n_min=args.n_min, n_max=args.n_max, mode=mode)
+
+    def call(rounding):
+        return jax.block_until_ready(allocate(p, budget, rounding=rounding, **kw))
+
+    call("leximin")  # compile
+    t_lex, _, lex = timed(lambda: call("leximin"), args.reps, 10.0)
+    call("paper")
+    t_pap, _, pap = timed(lambda: call("paper"), args.reps, 10.0)
+    t_np, n_np, ref = timed(
+        lambda: allocate_published(p, budget, args.n_min, args.n_max, dynamic=mode == "dynamic"),
+        args.reps, args.numpy_budget_s)
+    c_lex, c_pap = np.asarray(lex.counts), np.asarray(pap.counts)
+    assert c_lex.sum() == budget and c_pap.sum() == budget and ref.sum() == budget
+    return (f"| {len(p):,} | {mode} | {t_lex * 1e3:.1f} | {t_pap * 1e3:.1f} | "
+            f"{t_np * 1e3:.1f} (n={n_np}) | {t_np / t_lex:.1f}x | "
+            f"{min_kappa(p, c_lex):.6f} | {min_kappa(p, ref):.6f} | "
+            f"{(c_lex > 0).sum():,} / {(ref > 0).sum():,} | {np.mean(c_pap == ref):.4f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[256, 4096, 65536, 1048576])
+    ap.add_argument("--modes", nargs="+", default=["dynamic", "equalized"])
+    ap.add_argument("--n0", type=int, default=128)
+    ap.add_argument("--n_min", type=int, default=2)
+    ap.add_argument("--n_max", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=7, help="max timed calls per cell")
+    ap.add_argument("--numpy_budget_s", type=float, default=20.0,
+                    help="stop repeating the NumPy baseline after this many seconds")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    print(f"machine: {machine_note()}")
+    print(f"N0={args.n0} n_min={args.n_min} n_max={args.n_max} seed={args.seed}\n")
+    header = ("| P | mode | jax leximin (ms) | jax paper (ms) | NumPy published (ms) | speed-up "
+              "| min κ jax leximin | min κ NumPy | active jax / NumPy | paper = NumPy |")
+    print(header)
+    print("|" + "---|" * 10)
+    for num in args.sizes:
+        p = synthetic_success_probs(jax.random.key(args.seed), num)
+        for mode in args.modes:
+            print(bench_cell(p, num * args.n0, mode, args), flush=True)
+    print(f"\nmachine at the end: {machine_note()}")
+
+
+if __name__ == "__main__":
+    main()

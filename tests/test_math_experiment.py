@@ -1,0 +1,149 @@
+"""End to end: the math binary's eval -> RL -> eval -> report on a tiny random policy.
+
+The policy is a 2-layer random decoder saved as a Hugging Face checkpoint directory together
+with a byte-level tokenizer (256 byte tokens + ChatML specials) built here, so the `hf`
+loading path, the task, the trainer, checkpoint restore and the report all run for real.
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+import tokenizers
+from flax import nnx
+from tokenizers import decoders, models, pre_tokenizers
+
+from configs.math import cpu
+from experiments import math_reasoning as mr
+from sera_jax import sharding as shd
+from sera_jax.models import embedded
+from sera_jax.models.decoder import Decoder, DecoderConfig
+from sera_jax.models.weights import save_hf_checkpoint
+from sera_jax.tasks.math import data as math_data
+from sera_jax.tasks.math import task as math_task
+
+_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def write_byte_tokenizer(path: str) -> int:
+    """A byte-level tokenizer (no merges) in `path`/tokenizer.json; returns its vocab size."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([tokenizers.AddedToken(s, special=True) for s in _SPECIALS])
+    tok.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, f)
+    return tok.get_vocab_size(with_added_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tiny_policy"))
+    vocab = write_byte_tokenizer(path)
+    cfg = DecoderConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=2,
+                        num_heads=2, num_kv_heads=1, qkv_bias=True, name="tiny")
+    save_hf_checkpoint(Decoder(cfg, rngs=nnx.Rngs(0)), path, model_type="qwen2")
+    return path
+
+
+def tiny_config(policy_dir: str):
+    cfg = cpu.get_config()
+    cfg.model.source = "hf"
+    cfg.model.path = policy_dir
+    cfg.task.num_train = 8
+    cfg.task.num_eval = 4
+    cfg.task.chat = False
+    cfg.task.template = "none"
+    cfg.task.max_new_tokens = 6
+    cfg.rl.num_steps = 3  # 8 train problems / 4 per step: SERA uses history at step 3
+    cfg.rl.prompts_per_step = 4
+    cfg.rl.rollouts_per_prompt = 2
+    cfg.rl.n_min = 2
+    cfg.rl.n_max = 4
+    cfg.rl.checkpoint_every = 2
+    cfg.rl.optimizer.learning_rate = 0.0  # parameters stay put: "after" must equal "before"
+    cfg.compare.methods = "sera"
+    cfg.eval.num_samples = 4
+    cfg.eval.num_prompts = 4
+    cfg.eval.batch_size = 16
+    return cfg
+
+
+def test_rl_and_eval_end_to_end(policy_dir, tmp_path):
+    cfg = tiny_config(policy_dir)
+    workdir = str(tmp_path / "run")
+    # One device: the sharded paths are the engine's tests; here compile time is the cost.
+    mesh = shd.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+    table = mr.run(cfg, workdir, stage="all", mesh=mesh)
+
+    before, after = table["evals"]["initial"], table["evals"]["sera"]
+    assert list(before["pass_at_k"]) == ["1", "2", "4"]
+    assert all(0.0 <= v <= 1.0 for v in before["pass_at_k"].values())
+    assert before["maj_at_n"] is not None and 0.0 <= before["maj_at_n"] <= 1.0
+    # lr = 0 and common random numbers: the restored "after" policy samples identically.
+    assert after["pass_at_k"] == before["pass_at_k"]
+    initial = json.load(open(os.path.join(workdir, "eval", "initial.json")))
+    final = json.load(open(os.path.join(workdir, "eval", "sera.json")))
+    assert initial["num_correct"] == final["num_correct"]
+    assert [e["completion"] for e in initial["examples"]] == \
+        [e["completion"] for e in final["examples"]]
+
+    train = mr.read_jsonl(os.path.join(workdir, "rl", "sera", "train.jsonl"))
+    assert [r["step"] for r in train] == [1, 2, 3]
+    assert [r["rollouts"] for r in train] == [8, 16, 24]  # budget P*N0 spent every step
+    assert all(r["rollouts_max"] <= cfg.rl.n_max for r in train)
+
+    md = open(os.path.join(workdir, "results", "pass_at_k.md")).read()
+    assert "initial (before RL)" in md and "sera (after RL)" in md and "maj@4" in md
+    assert os.path.getsize(os.path.join(workdir, "results", "pass_at_k.png")) > 1000
+
+    # Re-running finds everything done: no new steps, the same report.
+    again = mr.run(cfg, workdir, stage="all", mesh=mesh)
+    assert again["evals"] == table["evals"]
+    assert len(mr.read_jsonl(os.path.join(workdir, "rl", "sera", "train.jsonl"))) == 3
+
+
+def test_missing_embedded_model_names_the_command(monkeypatch, policy_dir):
+    def missing():
+        raise FileNotFoundError("not installed")
+
+    monkeypatch.setattr(embedded, "smollm2_gguf_path", missing)
+    cfg = tiny_config(policy_dir)
+    cfg.model.source = "embedded"
+    with pytest.raises(FileNotFoundError) as err:
+        mr.load_policy(cfg, None)
+    assert str(err.value) == mr.SMOLLM2_MISSING
+    assert "run `make smollm2`" in mr.SMOLLM2_MISSING
+
+
+def test_task_prompts_scores_and_answers(policy_dir):
+    from sera_jax.models.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(policy_dir)
+    problems = [math_data.MathProblem("What is 2 + 3?", "5"),
+                math_data.MathProblem("Half of 1?", "\\frac{1}{2}")]
+    task = math_task.MathTask({"eval": problems}, tok, template="smollm", chat=True,
+                              max_new_tokens=12)
+    text = tok.decode(task.prompt_tokens("eval", [0])[0])
+    assert text == ("<|im_start|>user\nWhat is 2 + 3? Let's think step by step and output the "
+                    "final answer within \\boxed{}.<|im_end|>\n<|im_start|>assistant\n")
+    assert task.max_prompt_len == max(len(t) for t in task.prompt_tokens("eval", [0, 1]))
+    im_end = tok.token_id("<|im_end|>")
+    comps = [np.append(tok.encode("\\boxed{5}"), im_end), tok.encode("it is 0.5"),
+             tok.encode("so 1/2 !!!!!!!"), tok.encode("\\boxed{6}")]
+    comps[2] = comps[2][:12]  # fills max_new_tokens without a stop token: truncated
+    truncated = np.array([False, False, True, False])
+    rewards = task.score("eval", [0, 1, 1, 0], comps, truncated)
+    np.testing.assert_array_equal(rewards, [1.0, 1.0, 0.0, 0.0])
+    keys = task.extract_answers("eval", [0, 1, 1, 0], comps)
+    assert keys == ["5", "1/2", None, "6"]  # the truncated completion abstains
+    with pytest.raises(ValueError, match="split"):
+        task.split_size("train")
+    capped = math_task.MathTask({"eval": problems}, tok, chat=False, template="none",
+                                max_prompt_len=12, max_new_tokens=4)
+    assert capped.split_size("eval") == 1  # the 14-byte question is dropped
