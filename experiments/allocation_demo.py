@@ -63,6 +63,11 @@ def summarize(p: np.ndarray, alloc: Allocation) -> dict[str, float]:
     }
 
 
+def _fmt_p(x: float) -> str:
+    """Readable near both ends: 3.2e-05, 0.41, 1-1e-06."""
+    return f"1-{1 - x:.2g}" if x > 0.99 else f"{x:.3g}"
+
+
 def markdown_tables(p, allocs, rows: int) -> str:
     order = np.argsort(p, kind="stable")
     shown = order[np.unique(np.linspace(0, len(p) - 1, min(rows, len(p))).round().astype(int))]
@@ -70,7 +75,7 @@ def markdown_tables(p, allocs, rows: int) -> str:
     head = "| q | p̂ | " + " | ".join(f"N {n} | κ {n} | w {n}" for n in names) + " |"
     lines = [head, "|" + "---|" * (2 + 3 * len(names))]
     for q in shown:
-        cells = [f"{q}", f"{p[q]:.3g}"]
+        cells = [f"{q}", _fmt_p(p[q])]
         for n in names:
             c = int(allocs[n].counts[q])
             cells += [f"{c}", f"{float(kappa(p[q], c)):.4f}", f"{float(allocs[n].weights[q]):.3f}"]
@@ -106,6 +111,7 @@ def plot(p, allocs, path: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     axes[1].set_yscale("symlog", linthresh=2)
+    axes[1].set_ylim(0, 1.5 * max(int(np.asarray(a.counts).max()) for a in allocs.values()))
     budget = int(np.asarray(next(iter(allocs.values())).counts).sum())
     fig.suptitle(f"P = {len(p)}, budget = {budget}")
     fig.tight_layout()

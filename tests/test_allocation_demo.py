@@ -24,7 +24,7 @@ def test_demo_writes_table_and_plot(tmp_path):
     # Per-prompt rows: 6 prompts, sorted by p̂, each with N / κ / w for three allocators.
     rows = [r for r in table.splitlines() if re.match(r"^\| \d+ \|", r)]
     assert len(rows) == 6
-    p_hat = [float(r.split("|")[2]) for r in rows]
+    p_hat = [float(eval(r.split("|")[2])) for r in rows]  # "0.41" or "1-1e-06"
     assert p_hat == sorted(p_hat)
     uniform_n = [int(r.split("|")[3]) for r in rows]
     assert uniform_n == [8] * 6

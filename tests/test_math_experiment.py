@@ -147,3 +147,30 @@ def test_task_prompts_scores_and_answers(policy_dir):
     capped = math_task.MathTask({"eval": problems}, tok, chat=False, template="none",
                                 max_prompt_len=12, max_new_tokens=4)
     assert capped.split_size("eval") == 1  # the 14-byte question is dropped
+
+
+@pytest.mark.slow
+def test_embedded_smollm2_answers_simple_arithmetic_greedily():
+    """The real embedded model (via the binary's loader) solves two one-line sums greedily.
+
+    About 2 minutes on 2 loaded CPU cores (GGUF dequantisation ~30 s, sampler compile of the
+    30-layer model, 24 decode steps).
+    """
+    from sera_jax.sampling import SamplingConfig, generate
+    from sera_jax.tasks.base import left_pad
+
+    cfg = cpu.get_config()
+    model, tok = mr.load_policy(cfg, None)
+    problems = [math_data.MathProblem("What is 2 + 3?", "5"),
+                math_data.MathProblem("What is 6 + 6?", "12")]
+    # Plain question in the chat template: the model answers in one line ("2 + 3 = 5").
+    task = math_task.MathTask({"eval": problems}, tok, template="none", chat=True,
+                              max_new_tokens=24)
+    tokens, mask = left_pad(task.prompt_tokens("eval", [0, 1]), task.max_prompt_len, task.pad_id)
+    out = generate(model, tokens, mask, None, SamplingConfig(
+        max_new_tokens=24, greedy=True, stop_ids=task.stop_ids, pad_id=task.pad_id))
+    lengths, truncated = np.asarray(out.lengths), np.asarray(out.truncated)
+    comps = [np.asarray(out.tokens)[i, : lengths[i]] for i in range(2)]
+    texts = [tok.decode(c, skip_special_tokens=True) for c in comps]
+    np.testing.assert_array_equal(task.score("eval", [0, 1], comps, truncated), [1.0, 1.0],
+                                  err_msg=str(texts))

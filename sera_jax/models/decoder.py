@@ -29,8 +29,8 @@ with `eager_sharding=False` so a model can be built without a mesh):
     layers[i].mlp.gate / up        [hidden, ffn]                 ("embed", "mlp")
     layers[i].mlp.down             [ffn, hidden]                 ("mlp", "embed")
 
-Map logical names to mesh axes with `nnx.logical_axis_rules(rules)` around
-`nnx.get_partition_spec(state)` (see `LOGICAL_AXIS_NAMES` and `example_axis_rules`).
+`sera_jax.sharding.state_shardings(state, mesh, rules)` maps the logical names
+(`LOGICAL_AXIS_NAMES`) to mesh axes by `sharding.LOGICAL_RULES`.
 """
 
 from __future__ import annotations
@@ -48,26 +48,6 @@ LOGICAL_AXIS_NAMES = ("vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp"
 # Finite "minus infinity": a query whose every key is masked (a pad row) gets a uniform,
 # finite softmax instead of NaN; its output is ignored downstream.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
-
-
-def example_axis_rules(
-    data: str = "data", fsdp: str = "fsdp", tensor: str = "tensor"
-) -> tuple[tuple[str, Any], ...]:
-    """A Megatron-style default: FSDP over `embed`, tensor parallelism over heads/FFN/vocab.
-
-    Returns flax logical-axis rules `((logical_name, mesh_axis_or_None), ...)`. `data` is
-    accepted for symmetry (parameters are replicated over the data axis).
-    """
-    del data
-    return (
-        ("vocab", tensor),
-        ("embed", fsdp),
-        ("q_heads", tensor),
-        ("kv_heads", tensor),
-        ("head_dim", None),
-        ("mlp", tensor),
-        ("norm", None),
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,13 +168,16 @@ class RMSNorm(nnx.Module):
         return self.scale[...].astype(dtype) * x32.astype(dtype)
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotary embedding, HF rotate_half layout. x: [B, T, H, Dh]; positions: int [B, T]."""
-    dh = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))
+def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [B, T, 1, Dh] (float32) of angles `pos * theta^(-2i/Dh)`, repeated over halves."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
-    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, Dh]
-    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """HF rotate_half rotary embedding: `x * cos + rotate_half(x) * sin`, x: [B, T, H, Dh]."""
     x32 = x.astype(jnp.float32)
     x1, x2 = jnp.split(x32, 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
@@ -228,13 +211,14 @@ class Attention(nnx.Module):
     def __call__(
         self,
         x: jax.Array,
-        positions: jax.Array,
+        rope: tuple[jax.Array, jax.Array],
         mask: jax.Array,
         cache_kv: tuple[jax.Array, jax.Array] | None,
         layer: int,
         index: jax.Array | None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        """x: [B, T, D]; mask: bool [B, T, S] (query t may attend key slot s).
+        """x: [B, T, D]; rope: `rope_tables` of the positions; mask: bool [B, T, S] (query t
+        may attend key slot s).
 
         With `cache_kv = (k_all, v_all)` ([L, B, S, Hkv, Dh]) the new keys/values are
         written at slots [index, index + T) of layer `layer` and the updated slabs returned.
@@ -245,8 +229,8 @@ class Attention(nnx.Module):
         v = self._project(x, self.v_kernel, "v_bias")
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = rope(q, positions, cfg.rope_theta)
-        k = rope(k, positions, cfg.rope_theta)
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
         if cache_kv is not None:
             k_all, v_all = cache_kv
@@ -297,8 +281,8 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, positions, mask, cache_kv, layer, index):
-        a, cache_kv = self.attn(self.attn_norm(x), positions, mask, cache_kv, layer, index)
+    def __call__(self, x, rope, mask, cache_kv, layer, index):
+        a, cache_kv = self.attn(self.attn_norm(x), rope, mask, cache_kv, layer, index)
         x = x + a
         x = x + self.mlp(self.mlp_norm(x))
         return x, cache_kv
@@ -351,9 +335,10 @@ class Decoder(nnx.Module):
             mask = causal[None] & valid[:, None, :]
             cache_kv = (cache.k, cache.v)
 
+        rope = rope_tables(positions, cfg.resolved_head_dim, cfg.rope_theta)  # once, all layers
         x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype)
         for layer, block in enumerate(self.layers):
-            x, cache_kv = block(x, positions, mask, cache_kv, layer, index)
+            x, cache_kv = block(x, rope, mask, cache_kv, layer, index)
         x = self.final_norm(x)
         if cfg.tie_embeddings:
             logits = jnp.einsum(
@@ -378,11 +363,12 @@ def token_logprobs(
     attention_mask: jax.Array,
     positions: jax.Array | None = None,
 ) -> jax.Array:
-    """Per-token log-likelihood aligned with `tokens`: out[b, t] = log p(tokens[b, t] | tokens[b, :t]).
+    """Per-token log-likelihood aligned with `tokens`.
 
-    One full forward (no cache). out[:, 0] = 0 (nothing predicts the first token) and
-    positions where `attention_mask` is False are 0. Positions default to
-    `positions_from_mask(attention_mask)` (left padding). Returns float32 [B, T].
+    out[b, t] = log p(tokens[b, t] | tokens[b, :t]), from one full forward (no cache);
+    out[:, 0] = 0 (nothing predicts the first token) and positions where `attention_mask`
+    is False are 0. Positions default to `positions_from_mask(attention_mask)` (left
+    padding). Returns float32 [B, T].
     """
     if positions is None:
         positions = positions_from_mask(attention_mask)

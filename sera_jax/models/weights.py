@@ -4,7 +4,9 @@ Loading never materialises the whole model on the host: the model is built abstr
 (`nnx.eval_shape`), each parameter's target `NamedSharding` is resolved from its logical
 axis names (`mesh` + flax logical-axis `rules`), and every tensor is read, converted to our
 layout and placed with `jax.make_array_from_callback` one at a time (only the shards this
-process addresses are transferred, so the same code runs on a multi-host pod).
+process addresses are transferred, so the same code runs on a multi-host pod). Partition
+rules are those of `sera_jax.sharding` (the mesh must use `AxisType.Auto` axes, as
+`sharding.make_mesh` builds it).
 
 Layout conversion (HF `nn.Linear` weights are `[out, in]`):
 
@@ -28,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -38,10 +39,11 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from sera_jax import sharding as shd
 from sera_jax.models.configs import from_hf_config, to_hf_config
 from sera_jax.models.decoder import Decoder, DecoderConfig
 
-Rules = Sequence[tuple[str, Any]]
+Rules = Mapping[str, Any] | Sequence[tuple[str, Any]]
 
 # ---------------------------------------------------------------------------------------
 # Name and layout mapping (one table drives HF load, HF save and GGUF load).
@@ -132,46 +134,19 @@ def abstract_model(cfg: DecoderConfig) -> Decoder:
 def param_shardings(
     model: Decoder, mesh: jax.sharding.Mesh | None, rules: Rules | None = None
 ) -> dict[tuple, jax.sharding.Sharding | None]:
-    """Target sharding of every parameter, keyed by its path in `nnx.state(model)`.
+    """Target sharding of every parameter, keyed by its path in `nnx.state(model, nnx.Param)`.
 
-    The logical names in each Param's `out_sharding` metadata are mapped to mesh axes by
-    flax logical-axis `rules` (`((logical, mesh_axis_or_None), ...)`); names without a rule
-    are replicated, and so (with a warning) is a dimension the mapped mesh axes do not
-    divide (e.g. 2 KV heads over tensor=4). `mesh=None` gives None (default placement).
+    The logical names in each Param's `out_sharding` metadata map to mesh axes by `rules` (a
+    mapping or `(name, axes)` pairs; default `sera_jax.sharding.LOGICAL_RULES`), through
+    `sharding.state_shardings` (which replicates a dimension its axes do not divide).
+    `mesh=None` gives None everywhere (default single-device placement).
     """
     state = nnx.state(model, nnx.Param)
     if mesh is None:
         return {path: None for path, _ in nnx.to_flat_state(state)}
-    known = set()
-    for path, var in nnx.to_flat_state(state):
-        known.update(n for n in (var.get_metadata().get("out_sharding") or ()) if n)
-    # Unmentioned logical names must not leak into a PartitionSpec as mesh axis names: every
-    # name defaults to replicated, and the caller's rules (later entries win) override.
-    rules = tuple((n, None) for n in sorted(known)) + tuple(rules or ())
-    with nnx.logical_axis_rules(rules):
-        specs = nnx.get_partition_spec(state)
-    shapes = {path: var.get_value().shape for path, var in nnx.to_flat_state(state)}
-    out = {}
-    for path, spec in nnx.to_flat_state(specs):
-        spec = spec.get_value() if isinstance(spec, nnx.Variable) else spec
-        out[path] = jax.sharding.NamedSharding(mesh, _divisible(spec, shapes[path], mesh, path))
-    return out
-
-
-def _divisible(spec, shape, mesh, path) -> jax.sharding.PartitionSpec:
-    entries = list(spec) + [None] * (len(shape) - len(spec))
-    for dim, axes in enumerate(entries):
-        if axes is None:
-            continue
-        ways = int(np.prod([mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes)]))
-        if shape[dim] % ways:
-            warnings.warn(
-                f"parameter {'.'.join(map(str, path))}: dim {dim} of size {shape[dim]} is not "
-                f"divisible by mesh axes {axes} ({ways} ways); replicating that dim",
-                stacklevel=3,
-            )
-            entries[dim] = None
-    return jax.sharding.PartitionSpec(*entries)
+    rules = shd.LOGICAL_RULES if rules is None else dict(rules)
+    shardings = shd.state_shardings(state, mesh, rules)
+    return {path: var.get_value() for path, var in nnx.to_flat_state(shardings)}
 
 
 def _place(host: np.ndarray, sharding: jax.sharding.Sharding | None) -> jax.Array:

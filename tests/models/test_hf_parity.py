@@ -15,7 +15,7 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from sera_jax.models.decoder import positions_from_mask  # noqa: E402
-from sera_jax.models.weights import load_gguf, load_hf_checkpoint  # noqa: E402
+from sera_jax.models.weights import load_hf_checkpoint  # noqa: E402
 from tests.models._reference import random_hf_tensors, tiny_hf_config  # noqa: E402
 
 pytestmark = pytest.mark.hf

@@ -12,7 +12,7 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from sera_jax.models.configs import from_hf_config
-from sera_jax.models.decoder import example_axis_rules
+from sera_jax.models.decoder import LOGICAL_AXIS_NAMES
 from sera_jax.models.weights import (
     gguf_config,
     load_gguf,
@@ -20,6 +20,7 @@ from sera_jax.models.weights import (
     param_shardings,
     save_hf_checkpoint,
 )
+from sera_jax.sharding import make_mesh
 from tests.models._reference import (
     random_hf_tensors,
     reference_logits,
@@ -75,21 +76,19 @@ def test_load_onto_mesh(tmp_path):
     cfg = tiny_hf_config("llama", tied=False, num_attention_heads=4, num_key_value_heads=1)
     tensors = random_hf_tensors(cfg, seed=3)
     write_hf_checkpoint(tmp_path, cfg, tensors)
-    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"),
-                         axis_types=(jax.sharding.AxisType.Auto,) * 3)
-    with pytest.warns(UserWarning, match="not divisible"):  # vocab 61, 1 KV head over 2
-        model = load_hf_checkpoint(tmp_path, mesh=mesh, rules=example_axis_rules())
+    mesh = make_mesh((2, 2, 2))
+    model = load_hf_checkpoint(tmp_path, mesh=mesh)  # default: sharding.LOGICAL_RULES
     P = jax.sharding.PartitionSpec
     q = model.layers[1].attn.q_kernel[...]
     assert q.sharding.spec == P("fsdp", "tensor", None)
     assert q.addressable_shards[0].data.shape == (24, 2, 8)  # [48/2, 4/2, 8]
-    assert model.layers[0].attn.k_kernel[...].sharding.spec == P("fsdp", None, None)
+    assert model.layers[0].attn.k_kernel[...].sharding.spec == P("fsdp", None, None)  # 1 head
     assert model.embed[...].sharding.spec == P(None, "fsdp")  # 61 rows: replicated
     assert model.final_norm.scale[...].sharding.spec == P(None)
     np.testing.assert_allclose(logits_of(model), reference_logits(cfg, tensors, TOKENS),
                                atol=2e-5, rtol=1e-5)
-    # Without rules every parameter is replicated on the mesh.
-    specs = param_shardings(model, mesh, None)
+    # Rules given as (name, axes) pairs; mapping nothing replicates everything.
+    specs = param_shardings(model, mesh, [(n, None) for n in LOGICAL_AXIS_NAMES])
     assert all(s.spec == P(*([None] * len(s.spec))) for s in specs.values())
 
 

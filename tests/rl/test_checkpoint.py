@@ -31,7 +31,15 @@ def test_resume_reproduces_uninterrupted_run_bit_for_bit(tmp_path):
     task = EmitTask({"train": 6, "eval": 2})  # P = 4 of 6: steps cross epoch boundaries
     mesh = one_device_mesh()
     config = small_config(num_steps=4, checkpoint_every=2)
-    _, full = trainer_lib.run(config, task, tiny_model(seed=3), tmp_path / "full", mesh=mesh)
+    eval_steps = []
+
+    def eval_fn(trainer, state):
+        eval_steps.append(int(state.step))
+        return {"probe": float(state.step)}
+
+    _, full = trainer_lib.run(config, task, tiny_model(seed=3), tmp_path / "full", mesh=mesh,
+                              eval_fn=eval_fn, eval_every=2)
+    assert eval_steps == [2, 4]
 
     config_2 = small_config(num_steps=2, checkpoint_every=2)
     trainer_lib.run(config_2, task, tiny_model(seed=3), tmp_path / "resumed", mesh=mesh)

@@ -68,12 +68,16 @@ def test_shard_batch_rows_and_to_host():
 
 def test_sharded_step_equals_single_device_step():
     """Two trainer steps on a data=2, fsdp=2, tensor=2 mesh equal the 1-device steps: same
-    allocation and samples, parameters to float32 reduction-order tolerance."""
+    allocation and samples, parameters to float32 reduction-order tolerance, and the
+    caller's model is left intact (params are copied before the donating train step)."""
     config = small_config()
     task = EmitTask()
     p_hat = np.linspace(0.05, 0.95, 12)
     results = []
-    for mesh in (one_device_mesh(), shd.make_mesh((2, 2, 2))):
+    for mesh, sample_rows in ((one_device_mesh(), 8), (shd.make_mesh((2, 2, 2)), 0)):
+        # The 1-device run samples in two chunks of 8 rows: rows keep their keys, so the
+        # samples must not change.
+        config.sampling.batch_size = sample_rows
         model = tiny_model(seed=1)
         trainer = trainer_lib.Trainer(config, task, model, mesh)
         state = with_history(trainer.init_state(model), p_hat)
@@ -81,6 +85,7 @@ def test_sharded_step_equals_single_device_step():
         for _ in range(2):
             state, _, r = trainer.step(state, return_rollouts=True)
             rollouts.append(r)
+        assert not any(x.is_deleted() for x in jax.tree.leaves(nnx.state(model)))
         leaf = jax.tree.leaves(state.params)[0]
         results.append((jax.tree.map(np.asarray, state.params), rollouts, leaf.sharding))
     (single, r1, _), (sharded, r8, sharding8) = results
