@@ -47,7 +47,7 @@ from flax import struct
 from jax import Array, lax
 from jax.typing import ArrayLike
 
-from sera_jax.scaling import kappa, log_degenerate_group_prob, log_lambda
+from sera_jax.scaling import kappa, log_lambda
 
 __all__ = [
     "ALLOCATORS",
@@ -66,6 +66,11 @@ __all__ = [
 # value −log(1 − nextafter(1, 0)) = 36.7 (log: 3.6), so p = 1 ranks as easier than any.
 _A_MIN = -750.0
 _A_MAX = 10.0
+# exp(t - a_q) = exp(t) * exp(-a_q): with exp(-a) precomputed, the passes of the waterline
+# and of the leximin search need no transcendental per prompt. Valid (no overflow, no
+# clamping of a prompt that can be free) while t > _FAST_T; below, exp(t - a) is used.
+_FAST_T = -50.0
+_W_CLAMP = -75.0
 _MODES = ("dynamic", "equalized", "uniform")
 _ROUNDINGS = ("leximin", "paper")
 _UNSEEN = ("fill", "fallback", "error")
@@ -126,13 +131,14 @@ def _search(total, target, lo, hi, dtype=None):
     """Smallest unsigned ``v`` in ``(lo, hi]`` with ``total(v) >= target`` for a
     nondecreasing step function ``total``, given ``total(lo) < target <= total(hi)``.
 
-    Every other step interpolates ``total`` linearly between the bracket ends (in the float
-    values when ``dtype`` says ``v`` is ``_ordered_uint`` of a float), which ends after a
-    handful of passes on smooth data; the steps in between bisect the bits, which bounds
-    the search by 2·bits passes. Also stops early when ``total(hi) == target``.
+    Steps interpolate ``total`` linearly between the bracket ends (in the float values when
+    ``dtype`` says ``v`` is ``_ordered_uint`` of a float), which ends after a handful of
+    passes on smooth data; a step that fails to halve the bracket is followed by a bisection
+    of the bits, which bounds the search by 2·bits passes. Stops early when
+    ``total(hi) == target``.
     """
     def body(c):
-        lo, hi, clo, chi, it, _ = c
+        lo, hi, clo, chi, bisect, _ = c
         frac = (target - clo).astype(jnp.float32) / jnp.maximum(chi - clo, 1).astype(jnp.float32)
         if dtype is not None:
             flo, fhi = _from_ordered_uint(lo, dtype), _from_ordered_uint(hi, dtype)
@@ -141,14 +147,16 @@ def _search(total, target, lo, hi, dtype=None):
         else:
             guess = lo + ((hi - lo).astype(jnp.float32) * frac).astype(lo.dtype)
             interp = True
-        mid = jnp.where(interp & (it % 2 == 0), jnp.clip(guess, lo + 1, hi - 1),
-                        lo + (hi - lo) // 2)
+        half = lo + (hi - lo) // 2
+        mid = jnp.where(interp & ~bisect, jnp.clip(guess, lo + 1, hi - 1), half)
         cm = total(mid)
         ok = cm >= target
-        return (jnp.where(ok, lo, mid), jnp.where(ok, mid, hi), jnp.where(ok, clo, cm),
-                jnp.where(ok, cm, chi), it + 1, cm == target)
+        lo2, hi2 = jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
+        slow = (hi2 - lo2) > (hi - lo) // 2  # the interpolation did not halve the bracket
+        return (lo2, hi2, jnp.where(ok, clo, cm), jnp.where(ok, cm, chi), slow & ~bisect,
+                cm == target)
 
-    init = (lo, hi, total(lo), total(hi), 0, jnp.bool_(False))
+    init = (lo, hi, total(lo), total(hi), jnp.bool_(False), jnp.bool_(False))
     return lax.while_loop(lambda c: (c[1] - c[0] > 1) & ~c[5], body, init)[1]
 
 
@@ -190,39 +198,33 @@ def _select_smallest(key: Array, mask: Array, k: Array) -> Array:
     return lax.cond(k > 0, select, lambda: jnp.zeros_like(mask))
 
 
-def _select_units(count_fn, key_fn, mask, budget, n_min, n_max, lo, hi, dtype, rel_tol):
+def _select_units(count_fn, mask, budget, n_min, n_max, lo, hi, dtype, rel_tol):
     """Hand out ``K = B - Σ n_min`` single rollouts ("units" ``N -> N+1``) in increasing order
-    of ``key_fn(N)`` (nondecreasing in N for every prompt): the K smallest unit keys.
+    of their keys (nondecreasing in N for every prompt): the K smallest unit keys.
 
-    ``count_fn(v, strict)`` gives per prompt the number of its units with key ``<= v``
-    (``< v``), ``lo``/``hi`` (ordered uints) a bracket of the K-th smallest key (``lo`` is
-    replaced by the smallest key minus one, ``hi`` by the largest key when they do not
-    bracket it). Keys within ``rel_tol`` of the K-th smallest count as tied; tied units go to
-    the prompt with fewer rollouts, then the lower index -- for κ levels that is the unit
-    that raises κ most, as leximin wants.
+    ``count_fn(v)`` gives per prompt the number of its units with key ``<= v``; it must be
+    nondecreasing in v, 0 at ``-inf`` and all units at ``+inf``. ``lo``/``hi`` (ordered
+    uints) should bracket the K-th smallest key; where they do not, ``∓inf`` are used. Keys
+    within ``rel_tol`` of the K-th smallest count as tied: tied units go to the prompt with
+    fewer rollouts, then the lower index -- for κ levels that is the unit that raises κ
+    most, as leximin wants.
     """
     width = n_max - n_min
     num = jnp.sum(mask, dtype=jnp.int32)
     kk = budget - n_min * num
     as_f = lambda u: _from_ordered_uint(u, dtype)
-    total = lambda u: jnp.sum(count_fn(as_f(u), False))
+    total = lambda u: jnp.sum(count_fn(as_f(u)))
 
     def solve():
-        ufirst = _ordered_uint(key_fn(jnp.full(mask.shape, n_min)))
-        ulast = _ordered_uint(key_fn(jnp.full(mask.shape, n_max - 1)))
-        big = jnp.asarray(jnp.iinfo(ufirst.dtype).max, ufirst.dtype)
-        vmin = jnp.min(jnp.where(mask, ufirst, big))
-        vmax = jnp.max(jnp.where(mask, ulast, jnp.zeros_like(big)))
-        lo2 = jnp.where(total(lo) < kk, lo, vmin - 1)
-        hi2 = jnp.where(total(hi) >= kk, hi, vmax)
-        v = as_f(_search(total, kk, lo2, jnp.maximum(hi2, lo2 + 1), dtype))
-        upto = count_fn(v, False)
-        # The K-th smallest key itself: the largest key among the units taken at v.
-        last = jnp.where(mask & (upto > 0), key_fn(n_min + jnp.maximum(upto - 1, 0)), -jnp.inf)
-        vstar = jnp.max(last)
-        tol = jnp.where(jnp.isfinite(vstar), rel_tol * jnp.maximum(jnp.abs(vstar), 1.0), 0.0)
-        lo_q = count_fn(vstar - tol, True)
-        hi_q = count_fn(vstar + tol, False)
+        inf = jnp.asarray(jnp.inf, dtype)
+        lo2 = jnp.where(total(lo) < kk, lo, _ordered_uint(-inf))
+        hi2 = jnp.where(total(hi) >= kk, hi, _ordered_uint(inf))
+        hi3 = _search(total, kk, lo2, jnp.maximum(hi2, lo2 + 1), dtype)
+        # Now total(< hi3) < K <= total(hi3): widen to the tolerance band around hi3.
+        vh = as_f(hi3)
+        tol = jnp.where(jnp.isfinite(vh), rel_tol * jnp.maximum(jnp.abs(vh), 1.0), 0.0)
+        lo_q = count_fn(jnp.where(tol > 0, vh - tol, as_f(hi3 - 1)))
+        hi_q = count_fn(vh + tol)
         need = kk - jnp.sum(lo_q)
         # Tied units: level by level in N (fewest rollouts first), then by index.
         upto_m = lambda m: jnp.sum(jnp.clip(jnp.minimum(hi_q, m.astype(jnp.int32) + 1) - lo_q,
@@ -258,7 +260,8 @@ def _spread(mask: Array, budget: Array) -> Array:
 
 
 def _waterline_log(
-    a: Array, active: Array, budget: Array, n_min: Array, n_max: Array, shift: int
+    a: Array, active: Array, budget: Array, n_min: Array, n_max: Array, shift: int,
+    t_guess: Array | None = None, w: Array | None = None,
 ) -> tuple[Array, Array]:
     """``t* = log τ*``: the smallest ``t >= min_q log((n_min - s) λ_q)`` with ``F(t) = B``.
 
@@ -266,6 +269,8 @@ def _waterline_log(
     ``t* = t + d`` (see the polish step); NaN if nothing is active.
     """
     dt = a.dtype
+    if w is None:
+        w = _inv_lambda(a)
     k = jnp.sum(active, dtype=jnp.int32)
     c1 = jnp.log((n_min - shift).astype(dt))
     c2 = jnp.log((n_max - shift).astype(dt))
@@ -283,7 +288,11 @@ def _waterline_log(
         nfree = jnp.sum(free, dtype=jnp.int32)
         # Integer part in int32: float32 cannot hold budgets above 2**24 exactly.
         fixed = n_max * nhi + n_min * nlo + shift * nfree
-        s = jnp.sum(jnp.where(free, jnp.exp(jnp.where(free, x, 0.0)), 0.0))
+        s = lax.cond(
+            t > _FAST_T,
+            lambda: jnp.exp(t) * jnp.sum(jnp.where(free, w, 0.0)),
+            lambda: jnp.sum(jnp.where(free, jnp.exp(jnp.where(free, x, 0.0)), 0.0)),
+        )
         return budget - fixed, s, nhi, nlo
 
     def newton(t, r, s):
@@ -313,6 +322,10 @@ def _waterline_log(
     t0 = jnp.log(jnp.maximum(budget - shift * k, 1).astype(dt)) - lse
     inside = (t0 > t_lo) & (t0 < t_hi)
     t0 = jnp.where(inside, t0, t_lo + (t_hi - t_lo) / 2)
+    if t_guess is not None:  # warm start (the dynamic search solves nested active sets)
+        use = (t_guess > t_lo) & (t_guess < t_hi)
+        t0 = jnp.where(use, t_guess, t0)
+        inside = inside & ~use
     zero = jnp.int32(0)
     init = (t_lo, t_hi, t0, zero, zero, inside, jnp.bool_(False), t_hi, zero)
     degenerate = (budget <= k * n_min) | (budget >= k * n_max)
@@ -325,12 +338,23 @@ def _waterline_log(
     # Polish: t - a_q loses eps·|a_q| to cancellation when λ is tiny (|a| ~ 100s), but for
     # the free prompts a_q is within log((n_max-s)/(n_min-s)) of t, so t - a_q is exact
     # (Sterbenz); re-solve the piece's linear equation for a small offset d on top of t.
-    r, s, _, _ = stats(t)
+    x = jnp.where(active, t - a, 0.0)
+    hi = active & (x >= c2)
+    lo = active & (x <= c1) & ~hi
+    free = active & ~hi & ~lo
+    r = budget - (n_max * jnp.sum(hi, dtype=jnp.int32) + n_min * jnp.sum(lo, dtype=jnp.int32)
+                  + shift * jnp.sum(free, dtype=jnp.int32))
+    s = jnp.sum(jnp.where(free, jnp.exp(x), 0.0))
     ok = (s > 0) & (r > 0)
     d = jnp.where(ok, jnp.log(jnp.where(ok, r.astype(dt), 1.0)) - jnp.log(jnp.where(ok, s, 1.0)),
                   0.0)
     nan = jnp.asarray(jnp.nan, dt)
     return jnp.where(k > 0, t, nan), jnp.where(k > 0, d, nan)
+
+
+def _inv_lambda(a: Array) -> Array:
+    """``exp(-a) = 1/λ``, clamped where it could overflow (see ``_FAST_T``)."""
+    return jnp.exp(-jnp.maximum(a, _W_CLAMP))
 
 
 def _continuous_counts(a, active, t, n_min, n_max, shift):
@@ -368,44 +392,40 @@ def _level(n, a, shift):
     return jnp.log(jnp.maximum(n - shift, 1).astype(a.dtype)) + a
 
 
-def _leximin(a, active, budget, n_min, n_max, shift, t_c):
+def _leximin(a, active, budget, n_min, n_max, shift, t_c, w):
     """Exact leximin integers: the ``B - Σ n_min`` units with the lowest levels.
 
-    Per prompt, the units with level ``<= v`` number ``floor(s + exp(v - a)) + 1 - n_min``
-    (clipped); that closed form is corrected by one step against the explicit float keys so
-    counting and comparing agree exactly. The K-th smallest level lies between the
-    continuous waterlines for budgets ``B - k - 2`` and ``B`` (a prompt's integer count at
-    level v exceeds its continuous count by at most one), so the search starts bracketed.
+    Prompt q's units with level ``log(N - s) + a_q <= v`` number
+    ``floor(s + exp(v - a_q)) + 1 - n_min`` (clipped to ``[0, n_max - n_min]``); counting
+    and ordering both go through this one monotone formula, so they agree exactly. The K-th
+    smallest level lies in ``[t_c - log 2, t_c]`` (``t_c`` the continuous waterline: at
+    ``t_c`` every prompt holds at least its continuous count, at ``t_c - log 2`` at most it),
+    so the search starts bracketed.
     """
     dt = a.dtype
-    k = jnp.sum(active, dtype=jnp.int32)
     width = n_max - n_min
-    key = lambda n: _level(n, a, shift)
 
-    def count(v, strict):
-        x = jnp.where(active, v - a, 0.0)
-        j = jnp.clip(jnp.floor(shift + jnp.exp(jnp.minimum(x, 80.0))), n_min - 1, n_max - 1)
+    fast = t_c > _FAST_T + 1.0  # one formula for the whole search keeps count monotone
+
+    def count(v):
+        e = lax.cond(fast, lambda: jnp.exp(jnp.minimum(v, 80.0)) * w,
+                     lambda: jnp.exp(jnp.where(active, jnp.minimum(v - a, 80.0), 0.0)))
+        j = jnp.clip(jnp.floor(shift + e), n_min - 1, n_max - 1)
         j = j.astype(jnp.int32) + 1 - n_min
-        inside = lambda n: (key(n) < v) if strict else (key(n) <= v)
-        j = jnp.where((j > 0) & ~inside(n_min + j - 1), j - 1, j)
-        j = jnp.where((j < width) & inside(n_min + j), j + 1, j)
-        return jnp.where(active, j, 0)
+        return jnp.where(active, jnp.clip(j, 0, width), 0)
 
-    b_lo = budget - k - 2
-    t_lo = lax.cond(b_lo > k * n_min,
-                    lambda: sum(_waterline_log(a, active, b_lo, n_min, n_max, shift)),
-                    lambda: jnp.asarray(-jnp.inf, dt))
-    hi = t_c + 1e-4 * jnp.maximum(jnp.abs(t_c), 1.0)
-    return _select_units(count, key, active, budget, n_min, n_max, _ordered_uint(t_lo),
-                         _ordered_uint(hi), dt, rel_tol=64 * float(jnp.finfo(dt).eps))
+    pad = 1e-4 * jnp.maximum(jnp.abs(t_c), 1.0)
+    return _select_units(count, active, budget, n_min, n_max, _ordered_uint(t_c - np.log(2) - pad),
+                         _ordered_uint(t_c + pad), dt, rel_tol=64 * float(jnp.finfo(dt).eps))
 
 
-def _equalize(a, active, budget, n_min, n_max, shift, rounding):
-    t = _waterline_log(a, active, budget, n_min, n_max, shift)
+def _equalize(a, active, budget, n_min, n_max, shift, rounding, t_guess=None, w=None):
+    w = _inv_lambda(a) if w is None else w
+    t = _waterline_log(a, active, budget, n_min, n_max, shift, t_guess, w)
     cont = _continuous_counts(a, active, t, n_min, n_max, shift)
     t = t[0] + t[1]
     if rounding == "leximin":
-        counts = _leximin(a, active, budget, n_min, n_max, shift, t)
+        counts = _leximin(a, active, budget, n_min, n_max, shift, t, w)
     else:
         # [paper] smallest change of (κ(N) - κ*)^2. With L = (N - s) λ,
         # κ(N) - κ* = -exp(-τ) expm1(τ - L): drop the common factor exp(-2τ), which keeps
@@ -419,34 +439,44 @@ def _equalize(a, active, budget, n_min, n_max, shift, rounding):
 
 
 def _dynamic(p, a, seen, budget, n_min, n_max, shift, rounding, threshold):
-    """[paper] dynamic active set: largest feasible top-k by ``u(p, n_max)``."""
+    """[paper] dynamic active set: the largest feasible top-k by ``u(p, n_max)``."""
     lthr = jnp.log1p(-threshold).astype(a.dtype)
-    score = jnp.where(seen, log_degenerate_group_prob(p, n_max), 0.0)  # small = good
+    lp, l1p = jnp.log(p), jnp.log1p(-p)
+    log_deg = lambda n: jnp.logaddexp(n * l1p, n * lp)  # log(1 - u(p, n)), see scaling
+    # [paper] ranks by u in float64, where u == 1.0 exactly once 1 - u < 2**-54: all those
+    # prompts tie and keep their index order. Clamping log(1 - u) there reproduces that
+    # order (and keeps the ranking independent of the float width).
+    score = jnp.where(seen, jnp.maximum(log_deg(n_max.astype(a.dtype)), -54 * np.log(2)), 0.0)
     n_elig = jnp.sum(seen & (score <= lthr), dtype=jnp.int32)
     k_lo = (budget + n_max - 1) // n_max
     k_hi = jnp.maximum(n_elig, k_lo)
-    def evaluate(k):
+
+    w = _inv_lambda(a)
+
+    def evaluate(k, t_guess):
         act = _select_smallest(score, seen, k)  # top-k by score, ties by index
-        counts, t = _equalize(a, act, budget, n_min, n_max, shift, rounding)
-        ok = ~jnp.any(act & (log_degenerate_group_prob(p, counts) > lthr))
+        counts, t = _equalize(a, act, budget, n_min, n_max, shift, rounding, t_guess, w)
+        ok = ~jnp.any(act & (log_deg(counts.astype(a.dtype)) > lthr))
         return ok, (counts, act, t)
 
     # Binary search for the largest feasible k in [k_lo, k_hi]; k_lo itself is evaluated
-    # first (it is the answer when nothing is feasible). One call site of `evaluate`, and
-    # the allocation of the current `lo` is carried, so nothing is recomputed at the end.
+    # first (it is the answer when nothing is feasible). One call site of `evaluate`; the
+    # allocation of the current `lo` is carried, so nothing is recomputed at the end, and
+    # each waterline starts from the previous one.
     def body(c):
-        lo, hi, started, best = c
+        lo, hi, started, best, t_last = c
         k = jnp.where(started, lo + (hi - lo + 1) // 2, lo)
-        ok, alloc = evaluate(k)
+        ok, alloc = evaluate(k, t_last)
         keep = ok | ~started
         best = jax.tree.map(lambda new, old: jnp.where(keep, new, old), alloc, best)
         lo2 = jnp.where(started & ok, k, lo)
         hi2 = jnp.where(started & ~ok, k - 1, hi)
-        return lo2, hi2, jnp.bool_(True), best
+        return lo2, hi2, jnp.bool_(True), best, alloc[2]
 
-    empty = (jnp.zeros_like(seen, jnp.int32), jnp.zeros_like(seen), jnp.asarray(jnp.nan, a.dtype))
-    _, _, _, best = lax.while_loop(
-        lambda c: ~c[2] | (c[0] < c[1]), body, (k_lo, k_hi, jnp.bool_(False), empty))
+    nan = jnp.asarray(jnp.nan, a.dtype)
+    empty = (jnp.zeros_like(seen, jnp.int32), jnp.zeros_like(seen), nan)
+    *_, best, _ = lax.while_loop(
+        lambda c: ~c[2] | (c[0] < c[1]), body, (k_lo, k_hi, jnp.bool_(False), empty, nan))
     return best
 
 
@@ -464,14 +494,13 @@ def _greedy_units(key_fn, mask, budget, n_min, n_max):
     """
     width = n_max - n_min
 
-    def count(v, strict):
-        """Per prompt: #units with key <(=) v, by bisection over N (keys are monotone)."""
+    def count(v):
+        """Per prompt: #units with key <= v, by bisection over N (keys are monotone)."""
 
         def body(c):
             lo, hi = c
             mid = (lo + hi) // 2
-            kv = key_fn(n_min + mid)
-            inside = (kv < v) if strict else (kv <= v)
+            inside = key_fn(n_min + mid) <= v
             go = lo < hi
             return jnp.where(go & inside, mid + 1, lo), jnp.where(go & ~inside, mid, hi)
 
@@ -481,8 +510,8 @@ def _greedy_units(key_fn, mask, budget, n_min, n_max):
 
     dt = jnp.result_type(float)
     u0 = jnp.zeros((), jnp.uint64 if jnp.finfo(dt).bits == 64 else jnp.uint32)
-    # lo = 0 / hi = 0 never bracket: _select_units falls back to the full key range.
-    return _select_units(count, key_fn, mask, budget, n_min, n_max, u0, u0, dt, rel_tol=0.0)
+    # lo = hi = 0 (a NaN pattern) never brackets: _select_units searches (-inf, inf].
+    return _select_units(count, mask, budget, n_min, n_max, u0, u0, dt, rel_tol=0.0)
 
 
 def _knapsack_key(p):

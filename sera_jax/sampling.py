@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from sera_jax.estimators import segment_ids_from_counts
 from sera_jax.models.decoder import KVCache, init_cache, positions_from_mask
 
 # Weight of a filtered-out token: -inf gives exact zeros in softmax / categorical.
@@ -188,14 +189,15 @@ def generate(
     config: SamplingConfig,
     *,
     row_keys: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
 ) -> SampleOutput:
     """Sample `config.max_new_tokens` tokens after each left-padded prompt.
 
     Args:
       model: a decoder following the `sera_jax.models.decoder` contract
         (`logits, cache = model(tokens, positions, cache, attention_mask)`).
-      prompt_tokens: int32 [B, W], left-padded.
-      prompt_mask: bool [B, W], True on real tokens; every row needs at least one, and
+      prompt_tokens: int32 [P, W], left-padded.
+      prompt_mask: bool [P, W], True on real tokens; every row needs at least one, and
         real tokens must be contiguous at the right end (left padding).
       key: PRNG key; row r uses `fold_in(key, r)`. Ignored when `row_keys` is given; may be
         None for greedy decoding.
@@ -203,11 +205,17 @@ def generate(
       row_keys: optional per-row keys [B] (typed) or [B, 2] (raw uint32), e.g.
         `fold_in(key, prompt_id * n + sample_index)`, so that a row's sample does not
         depend on which other rows share the batch.
+      segment_ids: optional int [B] in [0, P): row r continues prompt `segment_ids[r]` (the
+        flat rollout batch of `sera_jax.estimators.segment_ids_from_counts`). Each distinct
+        prompt is prefilled once and its KV cache copied to its rows, instead of prefilling
+        B rows. Default: B = P, row r continues prompt r.
 
-    A KV cache of `cache_length(W, config)` slots is allocated inside the jitted program.
-    Use `generate_with_cache` to recycle one buffer (donated) across calls.
+    Returns a `SampleOutput` with B rows. The prompts are prefilled into a W-slot cache;
+    decoding runs on a fresh `cache_length(W, config)`-slot cache allocated inside the
+    jitted program. Use `generate_with_cache` to recycle one buffer (donated) across calls.
     """
-    output, _ = _run(model, prompt_tokens, prompt_mask, key, config, row_keys, cache=None)
+    output, _ = _run(model, prompt_tokens, prompt_mask, key, config, row_keys, segment_ids,
+                     cache=None)
     return output
 
 
@@ -220,32 +228,39 @@ def generate_with_cache(
     cache: KVCache,
     *,
     row_keys: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
 ) -> tuple[SampleOutput, KVCache]:
-    """`generate` writing into a caller-provided cache, which is DONATED.
+    """`generate` decoding into a caller-provided cache, which is DONATED.
 
-    `cache` (e.g. from `init_cache(cfg, B, cache_length(W, config), dtype)` with the
-    caller's sharding, or the cache returned by the previous call) must have batch B and at
-    least `cache_length(W, config)` slots; its contents are ignored (validity and index are
-    reset inside). The input buffer is consumed: use the returned cache for the next call,
-    which then reuses the same memory and the same compiled program.
+    `cache` (e.g. from `init_cache(cfg, B, cache_length(W, config))` with the caller's
+    sharding, or the cache returned by the previous call) must have batch B and exactly
+    `cache_length(W, config)` slots; its contents are ignored (overwritten / invalidated).
+    The input buffer is consumed: pass the returned cache to the next call, which then
+    reuses the same memory and the same compiled program.
     """
+    batch = prompt_tokens.shape[0] if segment_ids is None else segment_ids.shape[0]
     width = prompt_tokens.shape[1]
     need = cache_length(width, config)
-    if cache.k.shape[1] != prompt_tokens.shape[0] or cache.k.shape[2] < need:
+    if cache.valid.shape != (batch, need):
         raise ValueError(
-            f"cache has batch {cache.k.shape[1]} and {cache.k.shape[2]} slots; need batch "
-            f"{prompt_tokens.shape[0]} and >= cache_length({width}, config) = {need} slots"
+            f"cache has batch {cache.valid.shape[0]} and {cache.valid.shape[1]} slots; need "
+            f"batch {batch} and cache_length({width}, config) = {need} slots"
         )
-    return _run(model, prompt_tokens, prompt_mask, key, config, row_keys, cache=cache)
+    return _run(model, prompt_tokens, prompt_mask, key, config, row_keys, segment_ids,
+                cache=cache)
 
 
-def _run(model, prompt_tokens, prompt_mask, key, config, row_keys, cache):
+def _run(model, prompt_tokens, prompt_mask, key, config, row_keys, segment_ids, cache):
     cfg = model.cfg
     config.validate_vocab(cfg.vocab_size)
     prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
     prompt_mask = jnp.asarray(prompt_mask, bool)
     _validate_prompts(prompt_tokens, prompt_mask, cfg.vocab_size)
     batch = prompt_tokens.shape[0]
+    if segment_ids is not None:
+        segment_ids = jnp.asarray(segment_ids, jnp.int32)
+        _validate_segment_ids(segment_ids, prompt_tokens.shape[0])
+        batch = segment_ids.shape[0]
     if row_keys is None:
         if key is None:
             if not config.greedy:
@@ -256,7 +271,8 @@ def _run(model, prompt_tokens, prompt_mask, key, config, row_keys, cache):
         raise ValueError(f"row_keys has {row_keys.shape[0]} rows; the batch has {batch}")
     graphdef, state = nnx.split(model)
     return _generate_jit(
-        graphdef, state, prompt_tokens, prompt_mask, row_keys, cache, config=config
+        graphdef, state, prompt_tokens, prompt_mask, segment_ids, row_keys, cache,
+        config=config,
     )
 
 
@@ -264,7 +280,7 @@ def _validate_prompts(tokens: jax.Array, mask: jax.Array, vocab_size: int) -> No
     """Host-side checks (skipped under tracing, where values are unknown)."""
     if tokens.ndim != 2 or mask.shape != tokens.shape:
         raise ValueError(
-            f"prompt_tokens {tokens.shape} and prompt_mask {mask.shape} must both be [B, W]"
+            f"prompt_tokens {tokens.shape} and prompt_mask {mask.shape} must both be [P, W]"
         )
     if isinstance(tokens, jax.core.Tracer) or isinstance(mask, jax.core.Tracer):
         return
@@ -281,25 +297,58 @@ def _validate_prompts(tokens: jax.Array, mask: jax.Array, vocab_size: int) -> No
         raise ValueError(f"prompt_tokens has ids outside [0, {vocab_size})")
 
 
+def _validate_segment_ids(segment_ids: jax.Array, num_prompts: int) -> None:
+    if segment_ids.ndim != 1:
+        raise ValueError(f"segment_ids must be 1-D [B]; got shape {segment_ids.shape}")
+    if isinstance(segment_ids, jax.core.Tracer) or not segment_ids.size:
+        return
+    lo, hi = int(jnp.min(segment_ids)), int(jnp.max(segment_ids))
+    if lo < 0 or hi >= num_prompts:
+        raise ValueError(
+            f"segment_ids span [{lo}, {hi}]; allowed range is [0, {num_prompts}) (one id per "
+            "row of prompt_tokens)"
+        )
+
+
 @jax.jit(static_argnames=("graphdef", "config"), donate_argnames=("cache",))
-def _generate_jit(graphdef, state, prompt_tokens, prompt_mask, row_keys, cache, *, config):
+def _generate_jit(
+    graphdef, state, prompt_tokens, prompt_mask, segment_ids, row_keys, cache, *, config
+):
     model = nnx.merge(graphdef, state)
     cfg = model.cfg
-    batch, width = prompt_tokens.shape
+    num_prompts, width = prompt_tokens.shape
+    batch = row_keys.shape[0]
     steps = config.max_new_tokens
+    slots = cache_length(width, config)
+
+    # Prefill each distinct prompt once into a W-slot cache (attention over W, not all
+    # `slots`), then copy its keys/values to the rows that continue it.
+    logits, prefilled = model(
+        prompt_tokens,
+        positions_from_mask(prompt_mask),
+        cache=init_cache(cfg, num_prompts, width),
+        attention_mask=prompt_mask,
+    )
+    logits, mask = logits[:, -1], prompt_mask
+    kv = (prefilled.k, prefilled.v)
+    if segment_ids is not None:
+        logits, mask = logits[segment_ids], mask[segment_ids]
+        kv = tuple(x[:, segment_ids] for x in kv)
     if cache is None:
-        cache = init_cache(cfg, batch, cache_length(width, config))
-    else:  # recycled buffer: stale K/V are harmless once no slot is valid
-        cache = cache.replace(valid=jnp.zeros_like(cache.valid), index=jnp.zeros_like(cache.index))
+        cache = init_cache(cfg, batch, slots)
+    # A recycled (donated) buffer is overwritten in place: stale slots past W are invalid.
+    k, v = (
+        jax.lax.dynamic_update_slice(old, new.astype(old.dtype), (0,) * old.ndim)
+        for old, new in zip((cache.k, cache.v), kv)
+    )
+    valid = jnp.zeros((batch, slots), bool).at[:, :width].set(mask)
+    cache = cache.replace(k=k, v=v, valid=valid, index=jnp.asarray(width, cache.index.dtype))
 
     def draw(logits, step):
         keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(row_keys)
         return sample_tokens(logits, keys, config)
 
-    logits, cache = model(
-        prompt_tokens, positions_from_mask(prompt_mask), cache=cache, attention_mask=prompt_mask
-    )
-    first, lp, slp = draw(logits[:, -1], 0)
+    first, lp, slp = draw(logits, 0)
     stop_ids = jnp.asarray(config.stop_ids, jnp.int32)
     done = jnp.isin(first, stop_ids)
     buffers = (
@@ -307,7 +356,7 @@ def _generate_jit(graphdef, state, prompt_tokens, prompt_mask, row_keys, cache, 
         jnp.zeros((batch, steps), jnp.float32).at[:, 0].set(lp),
         jnp.zeros((batch, steps), jnp.float32).at[:, 0].set(slp),
     )
-    prompt_len = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)
+    prompt_len = jnp.sum(mask, axis=1, dtype=jnp.int32)
 
     def cond(carry):
         step, _, done, _, _ = carry
@@ -328,7 +377,7 @@ def _generate_jit(graphdef, state, prompt_tokens, prompt_mask, row_keys, cache, 
         done = done | jnp.isin(token, stop_ids)
         return step + 1, token, done, cache, buffers
 
-    step, _, done, cache, buffers = jax.lax.while_loop(
+    _, _, done, cache, buffers = jax.lax.while_loop(
         cond, body, (jnp.int32(1), first, done, cache, buffers)
     )
     tokens, logprobs, sampling_logprobs = buffers
@@ -342,7 +391,6 @@ def _generate_jit(graphdef, state, prompt_tokens, prompt_mask, row_keys, cache, 
         lengths=(first_stop + 1).astype(jnp.int32),
         truncated=~done,
     )
-    del step
     return output, cache
 
 
@@ -354,24 +402,17 @@ def expand_prompts(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The flat rollout batch: prompt q repeated `counts[q]` times, `budget` rows in all.
 
-    `segment_ids[r]` is the prompt index of row r (`jnp.repeat(arange(P), counts,
-    total_repeat_length=budget)`, the library-wide convention), rows of one prompt are
-    contiguous, and the shape `[budget, W]` is static however the counts move from step to
-    step. Returns `(tokens [budget, W], mask [budget, W], segment_ids int32 [budget])`.
-    Raises ValueError when concrete counts are negative or do not sum to `budget`.
+    `segment_ids = segment_ids_from_counts(counts, budget)` (rows of one prompt contiguous,
+    static shape `[budget]` however the counts move). Returns `(tokens [budget, W],
+    mask [budget, W], segment_ids int32 [budget])`. For sampling, pass `segment_ids` to
+    `generate` with the un-expanded prompts instead (each prompt is then prefilled once);
+    the expanded tokens are for scoring full sequences. Raises ValueError when concrete
+    counts are negative or do not sum to `budget`.
     """
     counts = jnp.asarray(counts)
-    num_prompts = prompt_tokens.shape[0]
-    if counts.shape != (num_prompts,):
-        raise ValueError(f"counts has shape {counts.shape}; expected ({num_prompts},)")
-    if not isinstance(counts, jax.core.Tracer):
-        host = np.asarray(counts)
-        if (host < 0).any() or int(host.sum()) != budget:
-            raise ValueError(
-                f"counts must be >= 0 and sum to budget={budget}; got sum {int(host.sum())}, "
-                f"min {int(host.min())}"
-            )
-    segment_ids = jnp.repeat(
-        jnp.arange(num_prompts, dtype=jnp.int32), counts, total_repeat_length=budget
-    )
+    if counts.shape != (prompt_tokens.shape[0],):
+        raise ValueError(
+            f"counts has shape {counts.shape}; expected ({prompt_tokens.shape[0]},), one per prompt"
+        )
+    segment_ids = segment_ids_from_counts(counts, budget)
     return prompt_tokens[segment_ids], prompt_mask[segment_ids], segment_ids

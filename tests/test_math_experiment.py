@@ -149,6 +149,29 @@ def test_task_prompts_scores_and_answers(policy_dir):
     assert capped.split_size("eval") == 1  # the 14-byte question is dropped
 
 
+@pytest.mark.parametrize("name", ["cpu", "smollm2_360m_gsm8k", "qwen25_math_1p5b",
+                                  "qwen3_4b_polaris"])
+def test_configs_are_valid(name):
+    import importlib.util
+
+    from sera_jax.rl import config as rl_config
+
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "math",
+                        f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"math_config_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = module.get_config()
+    for method in mr.parse_methods(cfg.compare.methods):
+        rl_config.validate(mr.method_config(cfg, method))
+    if cfg.task.source == "files":  # paper configs: the data paths are the user's to give
+        with pytest.raises(ValueError, match="config.task.train_path is empty"):
+            math_task.load_splits(cfg.task)
+    else:
+        splits = math_task.load_splits(cfg.task)
+        assert len(splits["train"]) == cfg.task.num_train
+
+
 @pytest.mark.slow
 def test_embedded_smollm2_answers_simple_arithmetic_greedily():
     """The real embedded model (via the binary's loader) solves two one-line sums greedily.

@@ -76,16 +76,21 @@ def test_files_and_matched_budgets(finished):
     assert "| sera | 1 |" in md and "| uniform | 1 |" in md and "pass@8" in md
 
 
-def test_sera_allocates_unequally_after_the_first_epoch(finished):
+def test_allocations_respect_the_config(finished):
     cfg, work, _, _ = finished
     train = exp.read_jsonl(os.path.join(exp.run_dir(work, "sera", 0), "train.jsonl"))
     uniform = exp.read_jsonl(os.path.join(exp.run_dir(work, "uniform", 0), "train.jsonl"))
     n0 = cfg.rl.rollouts_per_prompt
     assert all(r["rollouts_min"] == r["rollouts_max"] == n0 for r in uniform)
-    # Epoch 1 (step 1) has no history: SERA falls back to N0 for every prompt.
+    # Epoch 1 (step 1) has no history: SERA gives every (unseen) prompt N0.
     assert train[0]["rollouts_min"] == train[0]["rollouts_max"] == n0
+    assert all(cfg.rl.n_min <= r["rollouts_min"] <= r["rollouts_max"] <= cfg.rl.n_max
+               for r in train)
+    saved = json.load(open(os.path.join(exp.run_dir(work, "sera", 0), "config.json")))
+    assert saved["allocation"]["name"] == "sera" and saved["seed"] == 0
 
 
+@pytest.mark.slow
 def test_resume_after_kill_reproduces_the_run(finished, tmp_path):
     cfg, work, _, killed = finished
     assert [r["step"] for r in killed] == [1]

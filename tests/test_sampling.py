@@ -284,10 +284,26 @@ def test_expand_prompts():
     np.testing.assert_array_equal(seg, rows)
     np.testing.assert_array_equal(flat_tokens, np.asarray(tokens)[rows])
     np.testing.assert_array_equal(flat_mask, np.asarray(mask)[rows])
-    with pytest.raises(ValueError, match="sum to budget=7"):
+    with pytest.raises(ValueError, match="total=7"):
         expand_prompts(tokens, mask, counts, budget=7)
     with pytest.raises(ValueError, match="counts has shape"):
         expand_prompts(tokens, mask, jnp.array([5]), budget=5)
+
+
+def test_segment_ids_prefill_each_prompt_once(model):
+    """Sampling the flat rollout batch from the P distinct prompts + segment_ids equals
+    sampling the expanded [B, W] prompts row by row (same row keys)."""
+    tokens, mask = _batch()
+    counts = jnp.array([1, 0, 2, 1])
+    flat_tokens, flat_mask, seg = expand_prompts(tokens, mask, counts, budget=4)
+    row_keys = jax.random.split(jax.random.key(4), 4)
+    want = generate(model, flat_tokens, flat_mask, None, SAMPLED, row_keys=row_keys)
+    got = generate(model, tokens, mask, None, SAMPLED, row_keys=row_keys, segment_ids=seg)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+    assert not np.array_equal(got.tokens[1], got.tokens[2])  # same prompt, own randomness
+    with pytest.raises(ValueError, match="segment_ids span"):
+        generate(model, tokens, mask, None, SAMPLED, row_keys=row_keys, segment_ids=seg + 2)
 
 
 # ------------------------------------------------------------------------ bad arguments

@@ -30,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict()
     c.model.name = "digits_resnet"
     c.model.num_classes = 10
-    c.model.width = 16
+    c.model.width = 8
     c.model.stage_sizes = (1, 1, 1)
     c.model.dtype = "float32"
 
@@ -56,7 +56,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.measure.batch_size = 128  # the fixed minibatch whose exact gradient is the target
     c.measure.split = "train"  # minibatches of the training split, as during training
     c.measure.bn_train = False  # policy = the network in inference mode (running stats)
-    c.measure.chunk = 16  # cotangents per vectorised backward pass
+    c.measure.unroll = 4  # backward passes compiled into one program
+    c.measure.cot_chunk = 264  # rollout cotangents sampled per vectorised call
 
     c.train = ml_collections.ConfigDict()
     c.train.allocator = "sera_dynamic"

@@ -48,7 +48,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.rollouts_per_prompt = 8
     c.rl.n_min = 2
     c.rl.n_max = 32
-    c.rl.optimizer.learning_rate = 3e-4
+    c.rl.optimizer.learning_rate = 5e-5  # 3e-4 collapsed the policy in 2 steps (see docs)
     c.rl.allocation.name = "sera"
     c.rl.checkpoint_every = 8
     c.rl.log_every = 4

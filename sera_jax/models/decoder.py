@@ -316,7 +316,21 @@ class Decoder(nnx.Module):
         attention_mask: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         cfg = self.cfg
+        # Shapes are static, so these checks also run under jit.
+        if tokens.ndim != 2 or positions.shape != tokens.shape:
+            raise ValueError(
+                f"tokens {tokens.shape} and positions {positions.shape} must both be [B, T]"
+            )
+        if attention_mask is not None and attention_mask.shape != tokens.shape:
+            raise ValueError(
+                f"attention_mask {attention_mask.shape} must match tokens {tokens.shape}"
+            )
         b, t = tokens.shape
+        if cache is not None and (cache.valid.shape[0] != b or t > cache.max_len):
+            raise ValueError(
+                f"cache holds batch {cache.valid.shape[0]} x {cache.max_len} slots; got "
+                f"tokens {tokens.shape} (batch must match, T <= max_len)"
+            )
         if attention_mask is None:
             attention_mask = jnp.ones((b, t), bool)
         attention_mask = attention_mask.astype(bool)

@@ -317,8 +317,10 @@ class Trainer:
         """Fresh state from `model`'s parameters: zero optimiser moments, empty history,
         key from `config.seed`, step 0, data position (0, 0); placed on the mesh."""
         # A copy (never an alias): the train step donates params, and the caller's model
-        # must stay usable (e.g. to evaluate the initial policy after training).
-        params = jax.device_put(nnx.state(model), self.param_shardings, may_alias=False)
+        # must stay usable (e.g. to evaluate the initial policy after training). jnp.copy
+        # first: device_put(may_alias=False) onto a multi-device sharding still reuses the
+        # source buffer for one shard (jax 0.10), which donation would then delete.
+        params = jax.device_put(jax.tree.map(jnp.copy, nnx.state(model)), self.param_shardings)
         opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(params)
         h = self.config.history
         history = history_lib.SuccessHistory.create(self.num_prompts, h.alpha, h.beta, h.gamma)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -143,29 +144,36 @@ def _train_ce(steps: Steps, state: TrainState, batches: Iterator, mesh, num_step
 # ----------------------------------------------------------------------------- measure
 
 
-def _cotangent_fn(n0: int, chunk: int):
-    """jit: (keys [M], logits, labels, counts [M,P], weights [M,P]) -> cotangents [M,P,C]."""
-
-    def one(args, logits, labels):
-        key, counts, weights = args
-        return alignment.maxrl_logit_cotangent(key, logits, labels, counts, weights, n0=n0)
-
-    @jax.jit
-    def fn(keys, logits, labels, counts, weights):
-        return jax.lax.map(lambda a: one(a, logits, labels), (keys, counts, weights),
-                           batch_size=min(chunk, keys.shape[0]))
-
-    return fn
+@functools.cache
+def _cotangent_fn(n0: int):
+    """jit(vmap): (keys [M], logits, labels, counts [M,P], weights [M,P]) -> [M, P, C]."""
+    one = functools.partial(alignment.maxrl_logit_cotangent, n0=n0)
+    return jax.jit(jax.vmap(one, in_axes=(0, None, None, 0, 0)))
 
 
-def _alignment_fn(graphdef, bn_train: bool, chunk: int):
-    @jax.jit
-    def fn(params, batch_stats, images, cotangents, exact):
-        logits_fn = lambda prm: resnet.apply_model(graphdef, prm, batch_stats, images,
-                                                   train=bn_train)[0]
-        return alignment.gradient_alignment(logits_fn, params, cotangents, exact, chunk=chunk)
+def _cotangents(n0: int, chunk: int, keys, logits, labels, counts, weights) -> jax.Array:
+    """All M cotangents, `chunk` at a time (zero-padded last chunk: one compilation per n0)."""
+    fn, m, out = _cotangent_fn(n0), counts.shape[0], []
+    for i in range(0, m, chunk):
+        k, c, w = keys[i:i + chunk], counts[i:i + chunk], weights[i:i + chunk]
+        pad = chunk - c.shape[0]
+        if pad:
+            k = jnp.concatenate([k, jnp.repeat(k[:1], pad, axis=0)])
+            c = np.concatenate([c, c[:1].repeat(pad, 0)])
+            w = np.concatenate([w, w[:1].repeat(pad, 0)])
+        out.append(fn(k, logits, labels, c, w)[:chunk - pad])
+    return jnp.concatenate(out)
 
-    return fn
+
+@functools.cache
+def _linearize_fn(graphdef, bn_train: bool):
+    """jit: (params, batch_stats, images) -> (logits, pullback of the logits at params)."""
+
+    def fwd(params, batch_stats, images):
+        return jax.vjp(lambda prm: resnet.apply_model(graphdef, prm, batch_stats, images,
+                                                      train=bn_train)[0], params)
+
+    return jax.jit(fwd)
 
 
 def run_measure(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -204,7 +212,6 @@ def run_measure(config: ml_collections.ConfigDict, workdir: str) -> dict[str, An
     batch = source.measure(ms.batch_size, ms.split, config.seed)
     images, labels = (sharding.shard_batch(batch["image"], mesh),
                       sharding.shard_batch(batch["label"], mesh))
-    align_fn = _alignment_fn(graphdef, ms.bn_train, ms.chunk)
     writer = _writer(workdir)
     train_it = source.train(config.seed)
     rows: list[dict[str, Any]] = []
@@ -214,7 +221,8 @@ def run_measure(config: ml_collections.ConfigDict, workdir: str) -> dict[str, An
     for si, (stage, step) in enumerate(zip(stage_names, stage_steps)):
         state = _train_ce(steps, state, train_it, mesh, step - done)
         done = step
-        logits = steps.logits(state, images, train=ms.bn_train)
+        logits, vjp_fn = _linearize_fn(graphdef, ms.bn_train)(state.params,
+                                                              state.batch_stats, images)
         logits_host = np.asarray(jax.device_get(logits))
         p = alignment.success_probs(logits_host, batch["label"])
         stage_info.append({
@@ -236,12 +244,11 @@ def run_measure(config: ml_collections.ConfigDict, workdir: str) -> dict[str, An
             m_keys = jnp.repeat(draw_keys, len(names), axis=0)
             m_counts = np.tile(counts, (num_draws, 1))
             m_weights = np.tile(weights, (num_draws, 1))
-            cots = _cotangent_fn(n0, ms.chunk)(m_keys, logits, labels, m_counts, m_weights)
+            cots = _cotangents(n0, ms.cot_chunk, m_keys, logits, labels, m_counts, m_weights)
             expected = jnp.stack([alignment.expected_logit_cotangent(
                 logits, labels, kappas[a], counts[a], weights[a], n0) for a in range(len(names))])
-            cos, ratio = align_fn(state.params, state.batch_stats, images,
-                                  jnp.concatenate([cots, expected]), exact)
-            cos, ratio = np.asarray(cos), np.asarray(ratio)
+            cos, ratio = alignment.gradient_alignment(
+                vjp_fn, jnp.concatenate([cots, expected]), exact, unroll=ms.unroll)
             m = num_draws * len(names)
             cos_exp = cos[m:]
             for i in range(m):

@@ -192,3 +192,14 @@ def test_init_cache_validation_and_shape():
     assert cache.k.shape == (2, 2, 5, 2, 8) and cache.valid.shape == (2, 5)
     with pytest.raises(ValueError, match="max_len"):
         init_cache(TINY, batch=2, max_len=0)
+
+
+def test_call_shape_validation():
+    model = _randomised(TINY)
+    tokens = jnp.zeros((2, 3), jnp.int32)
+    with pytest.raises(ValueError, match="positions"):
+        model(tokens, jnp.zeros((2, 4), jnp.int32))
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(tokens, tokens, attention_mask=jnp.ones((2, 4), bool))
+    with pytest.raises(ValueError, match="batch must match"):
+        model(tokens, tokens, init_cache(TINY, batch=3, max_len=8))

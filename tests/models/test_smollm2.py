@@ -63,8 +63,10 @@ def test_perplexity_on_english_is_low(smollm2):
     scored[np.arange(len(seqs)), width - np.array([len(s) for s in seqs])] = False  # 1st token
     ppl = float(np.exp(-lp[scored].mean()))
     print(f"SmolLM2-135M-Instruct (Q4_1) perplexity on {len(SENTENCES)} sentences: {ppl:.1f}")
-    # A broken loader (e.g. q/k permutation not undone) gives perplexities in the thousands.
-    assert ppl < 40
+    # Measured 18.2 (deterministic float32). Scrambled weights give perplexities in the
+    # thousands, but leaving llama.cpp's q/k row permutation in place only breaks the RoPE
+    # pairing (q.k is invariant to permuting both alike) and gives 26.7, hence the tight bound.
+    assert ppl < 22
 
 
 @pytest.mark.slow

@@ -1,0 +1,45 @@
+"""The published Qwen3 run (SERA_SPEC §7): Qwen3-4B-Base on POLARIS-53K, 1000 steps.
+
+Spec settings: 1000 steps, the Qwen prompt; the common MaxRL/SERA defaults (N0 16,
+n_min 2, n_max 64). Not fixed by the spec (our choice): lr 1e-6 and gradient clip 0.3 as
+for Qwen2.5-Math, 128 prompts per step, responses <= 4096 tokens, the evaluation set,
+the mesh (tensor parallel over 4 devices, ZeRO-3 over fsdp).
+
+    python -m experiments.math_reasoning --config=configs/math/qwen3_4b_polaris.py \
+        --workdir=... --config.model.path=/data/Qwen3-4B-Base \
+        --config.task.train_path=/data/polaris-53k --config.task.eval_path=/data/aime24
+
+POLARIS rows have `problem` and `answer` (MATH-style loader).
+"""
+
+import importlib.util
+import os
+
+import ml_collections
+
+_spec = importlib.util.spec_from_file_location(
+    "math_qwen25_config",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "qwen25_math_1p5b.py"))
+qwen25 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(qwen25)
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = qwen25.get_config()
+    c.name = "qwen3_4b_polaris"
+    c.model.path = ""  # required: the Qwen3-4B-Base checkpoint directory
+
+    c.task.train_path = ""  # required: POLARIS-53K
+    c.task.eval_path = ""  # required
+    c.task.train_levels = None
+    c.task.train_limit = 0  # all 53K problems
+    c.task.max_new_tokens = 4096
+    c.task.max_prompt_len = 1024
+
+    c.rl.num_steps = 1000
+    c.rl.micro_batch_size = 32
+    c.rl.sampling.batch_size = 256
+    c.rl.mesh.data = -1
+    c.rl.mesh.fsdp = 4
+    c.rl.mesh.tensor = 4
+    return c

@@ -1,0 +1,78 @@
+"""The published SmolLM2 math run (SERA_SPEC §7): SmolLM2-360M-Instruct on GSM8K train,
+evaluated on GSM8K-Platinum.
+
+Spec settings: N0 16, n_min 2, n_max 64, AdamW lr 1e-5, 2000 steps, the SmolLM prompt
+(" Let's think step by step and output the final answer within \\boxed{}."), responses
+<= 2048 tokens (truncated = wrong), evaluation with 256 samples at T 0.6, top-p 0.95.
+Not fixed by the spec (our choice): 128 prompts per step, micro-batches, the mesh.
+
+Weights and data come from user paths (nothing downloads):
+
+    python -m experiments.math_reasoning --config=configs/math/smollm2_360m_gsm8k.py \
+        --workdir=gs://.../smollm2_gsm8k \
+        --config.model.path=/data/SmolLM2-360M-Instruct \
+        --config.task.train_path=/data/gsm8k/train.jsonl \
+        --config.task.eval_path=/data/gsm8k_platinum/test.parquet \
+        --config.compare.methods=uniform,sera
+
+`model.path` is a Hugging Face directory (config.json, *.safetensors, tokenizer.json,
+tokenizer_config.json); the data files are GSM8K-style (`question`, `answer` with
+'#### <answer>'), JSONL or Parquet. Multi-host: `--config.rl.multihost.enabled=True`.
+"""
+
+import importlib.util
+import os
+
+import ml_collections
+
+_spec = importlib.util.spec_from_file_location(
+    "math_cpu_config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu.py"))
+cpu = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cpu)
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = cpu.get_config()
+    c.name = "smollm2_360m_gsm8k"
+
+    c.model.source = "hf"
+    c.model.path = ""  # required: the SmolLM2-360M-Instruct checkpoint directory
+    c.model.param_dtype = "float32"  # master weights; compute in bfloat16
+    c.model.dtype = "bfloat16"
+
+    c.task.source = "files"
+    c.task.train_path = ""  # required: GSM8K train (file or directory)
+    c.task.eval_path = ""  # required: GSM8K-Platinum test (file or directory)
+    c.task.format = "gsm8k"
+    c.task.template = "smollm"
+    c.task.chat = True
+    c.task.max_new_tokens = 2048
+    c.task.max_prompt_len = 512
+
+    c.rl.num_steps = 2000
+    c.rl.prompts_per_step = 128
+    c.rl.rollouts_per_prompt = 16  # N0
+    c.rl.n_min = 2
+    c.rl.n_max = 64
+    c.rl.optimizer.learning_rate = 1e-5
+    c.rl.optimizer.grad_clip = 1.0
+    c.rl.sampling.temperature = 1.0
+    c.rl.sampling.batch_size = 512  # rows per sampler call (divides the 2048-rollout budget)
+    c.rl.micro_batch_size = 128  # gradient accumulation: 16 micro-batches
+    c.rl.aggregation = "token_mean"
+    c.rl.checkpoint_every = 50
+    c.rl.max_checkpoints_to_keep = 3
+    c.rl.log_every = 10
+    # Rows over data x fsdp, weights ZeRO-3 over fsdp (e.g. a v5e-16 / 2x8 GPUs).
+    c.rl.mesh.data = -1
+    c.rl.mesh.fsdp = 1
+    c.rl.mesh.tensor = 1
+
+    c.compare.methods = "uniform,sera"
+
+    c.eval.num_samples = 256
+    c.eval.num_prompts = 100_000  # the whole evaluation set
+    c.eval.temperature = 0.6
+    c.eval.top_p = 0.95
+    c.eval.batch_size = 1024
+    return c
