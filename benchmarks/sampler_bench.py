@@ -17,7 +17,11 @@ prompt length, T the new tokens, L layers, H query heads, Dh head size. Attentio
 unused cache slots (the sampler computes the full fixed-size cache every step) is not
 counted.
 
-    .venv/bin/python benchmarks/sampler_bench.py --batch=8,64 --repeats=3
+    taskset -c 0 .venv/bin/python benchmarks/sampler_bench.py --batch=8,64,8x8 --repeats=3
+
+Both wall-clock and process CPU time are recorded; on a shared, loaded machine the CPU time
+of a single pinned core is the load-robust comparison (`taskset -c 0` gives both frameworks
+one core; torch gets `torch.set_num_threads(len(os.sched_getaffinity(0)))`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,12 @@ import time
 
 from absl import app, flags
 
-_BATCH = flags.DEFINE_list("batch", ["8", "64"], "Batch sizes (rollouts per call).")
+_BATCH = flags.DEFINE_list(
+    "batch", ["8", "64", "8x8"],
+    "Batch shapes: 'B' = B distinct prompts; 'PxN' = P prompts x N samples each (the RL "
+    "rollout shape: sera_jax prefills each prompt once via segment_ids, HF uses "
+    "num_return_sequences=N).",
+)
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 310, "Prompt tokens (17x17 maze: 310).")
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 180, "Generated tokens per row.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats per side (median reported).")
@@ -79,7 +88,7 @@ def main(argv):
     from sera_jax.models.weights import save_hf_checkpoint
     from sera_jax.sampling import SamplingConfig, generate
 
-    threads = os.cpu_count()
+    threads = len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     cfg = MAZE_POLICY
     model = Decoder(cfg, rngs=nnx.Rngs(_SEED.value))
@@ -89,15 +98,19 @@ def main(argv):
     p_len, t_new = _PROMPT_LEN.value, _NEW_TOKENS.value
     peak = matmul_peak_flops()
     print(f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__}, "
-          f"transformers {transformers.__version__}, {threads} CPU threads; "
+          f"transformers {transformers.__version__}, {threads} CPU core(s); "
           f"model {cfg.name}: {count_params(model) / 1e6:.2f}M params, HF class "
           f"{type(hf).__name__}; float32 matmul peak {peak / 1e9:.1f} GFLOP/s")
 
     rng = np.random.default_rng(_SEED.value)
     rows = []
-    for batch in (int(b) for b in _BATCH.value):
-        prompts = rng.integers(4, cfg.vocab_size, size=(batch, p_len), dtype=np.int32)
-        tokens, mask = jnp.asarray(prompts), jnp.ones((batch, p_len), bool)
+    for shape in _BATCH.value:
+        num_prompts, samples = (int(x) for x in shape.split("x")) if "x" in shape else (
+            int(shape), 1)
+        batch = num_prompts * samples
+        prompts = rng.integers(4, cfg.vocab_size, size=(num_prompts, p_len), dtype=np.int32)
+        tokens, mask = jnp.asarray(prompts), jnp.ones((num_prompts, p_len), bool)
+        segment_ids = jnp.repeat(jnp.arange(num_prompts), samples) if samples > 1 else None
         ids = torch.from_numpy(prompts.astype(np.int64))
         with torch.inference_mode():  # same model on both sides: compare prompt logits
             ref = hf(input_ids=ids[:2]).logits.numpy()
@@ -106,54 +119,68 @@ def main(argv):
 
         sconfig = SamplingConfig(max_new_tokens=t_new, temperature=1.0)
         key = jax.random.key(_SEED.value)
-        start = time.perf_counter()
-        generate(model, tokens, mask, key, sconfig).tokens.block_until_ready()
-        compile_s = time.perf_counter() - start
 
-        def run_hf(new_tokens):
+        def run_jax(key, tokens=tokens, mask=mask, segment_ids=segment_ids, sconfig=sconfig):
+            out = generate(model, tokens, mask, key, sconfig, segment_ids=segment_ids)
+            out.tokens.block_until_ready()
+            return out
+
+        def run_hf(new_tokens, ids=ids, samples=samples):
             with torch.inference_mode():
                 return hf.generate(
                     input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
                     temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
-                    min_new_tokens=new_tokens, pad_token_id=0, eos_token_id=None,
+                    min_new_tokens=new_tokens, num_return_sequences=samples, pad_token_id=0,
+                    eos_token_id=None,
                 )
 
+        start = time.perf_counter()
+        run_jax(key)
+        compile_s = time.perf_counter() - start
         run_hf(4)  # warm-up
-        jax_s, hf_s = [], []
+        times = {"jax": [], "hf": []}
         for r in range(_REPEATS.value):
-            start = time.perf_counter()
-            out = generate(model, tokens, mask, jax.random.fold_in(key, r + 1), sconfig)
-            out.tokens.block_until_ready()
-            jax_s.append(time.perf_counter() - start)
-            assert int(out.lengths.min()) == t_new
-            start = time.perf_counter()
-            seq = run_hf(t_new)
-            hf_s.append(time.perf_counter() - start)
-            assert seq.shape == (batch, p_len + t_new), seq.shape
-        jax_med, hf_med = statistics.median(jax_s), statistics.median(hf_s)
+            for name in ("jax", "hf"):
+                wall, cpu = time.perf_counter(), time.process_time()
+                result = run_jax(jax.random.fold_in(key, r + 1)) if name == "jax" else run_hf(t_new)
+                times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
+                if name == "jax":
+                    assert int(result.lengths.min()) == t_new
+                else:
+                    assert result.shape == (batch, p_len + t_new), result.shape
+        med = {
+            name: [statistics.median(t[i] for t in ts) for i in (0, 1)]
+            for name, ts in times.items()
+        }
         flops = sampler_flops(cfg, batch, p_len, t_new)
         row = dict(
-            batch=batch, jax_tok_s=batch * t_new / jax_med, hf_tok_s=batch * t_new / hf_med,
-            speedup=hf_med / jax_med, frac_peak=flops / jax_med / peak,
-            hf_frac_peak=flops / hf_med / peak, jax_s=jax_s, hf_s=hf_s, compile_s=compile_s,
-            logit_diff=logit_diff,
+            shape=shape if samples > 1 else str(batch), batch=batch,
+            jax_wall=batch * t_new / med["jax"][0], hf_wall=batch * t_new / med["hf"][0],
+            jax_cpu=batch * t_new / med["jax"][1], hf_cpu=batch * t_new / med["hf"][1],
+            frac_peak=flops / med["jax"][0] / peak, compile_s=compile_s,
         )
         rows.append(row)
-        print(f"batch {batch}: jax {[f'{s:.2f}' for s in jax_s]} s, hf {[f'{s:.2f}' for s in hf_s]}"
-              f" s, compile {compile_s:.1f} s, prompt-logit max|diff| {logit_diff:.1e}")
+        print(f"batch {shape}: (wall s, cpu s) jax {[f'{a:.2f},{b:.2f}' for a, b in times['jax']]}"
+              f" hf {[f'{a:.2f},{b:.2f}' for a, b in times['hf']]}; compile {compile_s:.1f} s;"
+              f" prompt-logit max|diff| {logit_diff:.1e}", flush=True)
 
     header = (
         f"Maze policy ({count_params(model) / 1e6:.2f}M params), prompt {p_len} tokens, "
-        f"{t_new} new tokens, float32, {threads} CPU threads, median of {_REPEATS.value}.\n\n"
-        "| batch | sera_jax tok/s | transformers tok/s | speed-up | sera_jax % of peak "
-        "| transformers % of peak |\n|---|---|---|---|---|---|\n"
+        f"{t_new} new tokens per row, float32, sampling at T=1, {threads} CPU core(s), "
+        f"median of {_REPEATS.value} runs. tok/s = generated tokens per second "
+        "(wall clock, and per CPU-second of the process).\n\n"
+        "| batch (rows) | sera_jax tok/s | HF tok/s | speed-up | sera_jax tok/CPU-s "
+        "| HF tok/CPU-s | speed-up (CPU) | sera_jax % of matmul peak |\n"
+        "|---|---|---|---|---|---|---|---|\n"
     )
     table = header + "".join(
-        f"| {r['batch']} | {r['jax_tok_s']:.0f} | {r['hf_tok_s']:.0f} | {r['speedup']:.2f}x "
-        f"| {100 * r['frac_peak']:.1f}% | {100 * r['hf_frac_peak']:.1f}% |\n"
+        f"| {r['shape']} ({r['batch']}) | {r['jax_wall']:.0f} | {r['hf_wall']:.0f} "
+        f"| {r['jax_wall'] / r['hf_wall']:.2f}x | {r['jax_cpu']:.0f} | {r['hf_cpu']:.0f} "
+        f"| {r['jax_cpu'] / r['hf_cpu']:.2f}x | {100 * r['frac_peak']:.1f}% |\n"
         for r in rows
     )
-    table += f"\nfloat32 matmul peak (best jnp.dot 2048^3): {peak / 1e9:.1f} GFLOP/s.\n"
+    table += (f"\nfloat32 matmul peak (best jnp.dot 2048^3, same process): "
+              f"{peak / 1e9:.1f} GFLOP/s.\n")
     print(table)
     if _OUT.value:
         with open(_OUT.value, "w") as f:

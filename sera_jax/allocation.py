@@ -443,11 +443,13 @@ def _dynamic(p, a, seen, budget, n_min, n_max, shift, rounding, threshold):
     lthr = jnp.log1p(-threshold).astype(a.dtype)
     lp, l1p = jnp.log(p), jnp.log1p(-p)
     log_deg = lambda n: jnp.logaddexp(n * l1p, n * lp)  # log(1 - u(p, n)), see scaling
-    # [paper] ranks by u in float64, where u == 1.0 exactly once 1 - u < 2**-54: all those
-    # prompts tie and keep their index order. Clamping log(1 - u) there reproduces that
-    # order (and keeps the ranking independent of the float width).
-    score = jnp.where(seen, jnp.maximum(log_deg(n_max.astype(a.dtype)), -54 * np.log(2)), 0.0)
-    n_elig = jnp.sum(seen & (score <= lthr), dtype=jnp.int32)
+    ldeg = jnp.where(seen, log_deg(n_max.astype(a.dtype)), 0.0)
+    n_elig = jnp.sum(seen & (ldeg <= lthr), dtype=jnp.int32)
+    # [paper] ranks by u in float64, where u near 1 is quantised to 1 - j·2**-53 (u == 1
+    # once 1 - u < 2**-54): prompts in one quantum tie and keep their index order. Ranking
+    # by round(2**53 (1 - u)) reproduces that order in any float width.
+    x53 = jnp.exp(ldeg + 53 * np.log(2))
+    score = jnp.where(x53 < 2.0**24, jnp.round(x53), x53)
     k_lo = (budget + n_max - 1) // n_max
     k_hi = jnp.maximum(n_elig, k_lo)
 

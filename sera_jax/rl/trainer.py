@@ -26,6 +26,11 @@ PRNG key, step, data position), checkpointed as a whole; `run(config, task, mode
 workdir)` resumes from the latest checkpoint in `workdir` and reproduces the uninterrupted
 run exactly (same XLA programs on the same inputs).
 
+Multi-host: every process runs the same host code on the same values (prompt order,
+allocation, advantages are deterministic), so batches are built identically everywhere;
+devices own their rows while sampling and training, and completions are all-gathered so
+every process scores every row (verifiers cost little next to sampling).
+
 Sampling log-probabilities: the loss differentiates the model's temperature-1 unfiltered
 policy. Training is exactly on-policy when `sampling.temperature == 1`, `top_p == 1` and
 `top_k == 0` (the spec's setting); other settings train the unfiltered policy on filtered

@@ -47,6 +47,8 @@ def test_sizes_levels_and_templates(generated):
     assert len(problems.TEMPLATE_NAMES) >= 6
     only_one_step = problems.generate_arithmetic(20, 5, seed=0, steps=(1,))
     assert {p.level for p in only_one_step["train"] + only_one_step["test"]} == {1}
+    sums = problems.generate_arithmetic(20, 5, seed=0, templates=("add", "mul"))
+    assert {p.meta["template"] for p in sums["train"] + sums["test"]} == {"add", "mul"}
 
 
 def test_splits_are_disjoint_in_arithmetic_content(generated):
@@ -77,6 +79,10 @@ def test_generator_bad_arguments():
         problems.generate_arithmetic(1, 1, test_fraction=1.0)
     with pytest.raises(ValueError, match="steps"):
         problems.generate_arithmetic(1, 1, steps=(4,))
+    with pytest.raises(ValueError, match="templates"):
+        problems.generate_arithmetic(1, 1, templates=("add", "integrals"))
+    with pytest.raises(ValueError, match="select no template"):
+        problems.generate_arithmetic(1, 1, steps=(3,), templates=("add",))
     with pytest.raises(ValueError, match="distinct"):
         problems.generate_arithmetic(100_000, 0, steps=(1,))  # only a few hundred exist
 

@@ -175,11 +175,13 @@ def generate_arithmetic(
     *,
     seed: int = 0,
     steps: Sequence[int] = (1, 2, 3),
+    templates: Sequence[str] | None = None,
     test_fraction: float = 0.25,
 ) -> dict[str, list[MathProblem]]:
     """`{'train': [...], 'test': [...]}` of distinct generated word problems.
 
-    Templates are drawn uniformly among those with a step count in `steps`; each problem's
+    Templates are drawn uniformly among those with a step count in `steps` (and a name in
+    `templates`, when given: a subset of `TEMPLATE_NAMES`); each problem's
     `level` is its step count and `meta` holds the template name and operands. The same
     arguments always give the same lists. Raises ValueError on bad sizes, steps or fraction,
     or when the templates cannot supply that many distinct problems.
@@ -188,9 +190,14 @@ def generate_arithmetic(
         raise ValueError(f"num_train={num_train}, num_test={num_test} must be >= 0")
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction={test_fraction} must lie in (0, 1)")
-    templates = [t for t in TEMPLATES if t.steps in set(steps)]
-    if not templates:
-        raise ValueError(f"steps={tuple(steps)} selects no template; use values in (1, 2, 3)")
+    if templates is not None and not set(templates) <= set(TEMPLATE_NAMES):
+        raise ValueError(f"templates={tuple(templates)} has unknown names; allowed: "
+                         f"{TEMPLATE_NAMES}")
+    chosen = [t for t in TEMPLATES if t.steps in set(steps)
+              and (templates is None or t.name in templates)]
+    if not chosen:
+        raise ValueError(f"steps={tuple(steps)} and templates={templates} select no template; "
+                         "steps are in (1, 2, 3)")
     rng = np.random.default_rng(seed)
     out: dict[str, list[MathProblem]] = {"train": [], "test": []}
     want = {"train": num_train, "test": num_test}
@@ -198,7 +205,7 @@ def generate_arithmetic(
     # Stop when this many draws in a row add nothing: the content space is used up.
     max_misses, misses = 10_000, 0
     while misses < max_misses and any(len(out[s]) < want[s] for s in out):
-        template = templates[int(rng.integers(len(templates)))]
+        template = chosen[int(rng.integers(len(chosen)))]
         operands = template.sample(rng)
         first, second = rng.choice(len(_NAMES), size=2, replace=False)
         (name, pron), friend = _NAMES[int(first)], _NAMES[int(second)][0]

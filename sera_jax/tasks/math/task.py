@@ -156,6 +156,7 @@ def task_config() -> ml_collections.ConfigDict:
     c.num_eval = 32
     c.seed = 0
     c.steps = (1, 2, 3)
+    c.templates = ""  # comma-separated subset of problems.TEMPLATE_NAMES; '' = all
     # User files (GSM8K- or MATH-style JSONL / Parquet; a file or a directory each).
     c.train_path = ""
     c.eval_path = ""
@@ -177,8 +178,9 @@ def task_config() -> ml_collections.ConfigDict:
 def load_splits(cfg: ml_collections.ConfigDict) -> dict[str, list[MathProblem]]:
     """`{'train': [...], 'eval': [...]}` from the task config (generated or from files)."""
     if cfg.source == "arithmetic":
+        names = [t.strip() for t in str(cfg.get("templates") or "").split(",") if t.strip()]
         data = generate_arithmetic(int(cfg.num_train), int(cfg.num_eval), seed=int(cfg.seed),
-                                   steps=tuple(cfg.steps))
+                                   steps=tuple(cfg.steps), templates=names or None)
         return {"train": data["train"], "eval": data["test"]}
     if cfg.source == "files":
         out = {}
