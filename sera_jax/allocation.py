@@ -16,22 +16,30 @@ How it is computed (all under one ``jax.jit`` per static configuration, O(P) mem
   and stops when the piece it solved is the piece it lands in -- the exact solution, not
   a fixed number of bisection steps. Bisection is only the safeguard.
 * **Leximin rounding.** ``κ`` is increasing in the level ``ℓ_q(N) = log(N - s) + a_q``,
-  so leximin over κ is leximin over levels. Handing out rollouts one by one to the
-  prompt whose current level is lowest yields the leximin allocation; it equals "floor
-  the waterline, then give one more to the R = B - Σ floor prompts with the lowest
-  current level" (each free prompt's next level is above the waterline, every floored
-  one below it). Selecting the R smallest is a threshold search on the bits of the keys
-  (no sort). Near-ties (within ``64 ulp``) go to the prompt with fewer rollouts, whose
-  next rollout raises κ most, then to the lower index.
+  so leximin over κ is leximin over levels. Handing out rollouts one at a time to the
+  prompt whose current level is lowest yields the leximin allocation (the exchange and
+  brute-force tests check it), i.e. the ``B - Σ n_min`` single-rollout "units" with the
+  lowest levels. They are found as a second waterline on integer levels: prompt q holds
+  ``floor(s + exp(v - a_q)) + 1`` rollouts at level v, and the threshold v is searched
+  (interpolation + bisection on the float bits, no sort) inside ``[t* - log 2, t*]``.
+  Near-ties (within ``64 ulp``) go to the prompt with fewer rollouts, whose next rollout
+  raises κ most, then to the lower index. (Floor-then-top-up is *not* exact: a prompt
+  clipped at ``n_max`` may have to give a rollout back.)
 * **Active set [paper].** The top-k prompts by the mixed-group probability
-  ``u(p, n_max)`` (ranked in log space, see ``scaling.log_degenerate_group_prob``) share the
-  budget; k is found by a jit ``while_loop`` binary search, each candidate evaluated with
-  masks over static shapes.
+  ``u(p, n_max)`` share the budget; k is found by a jit ``while_loop`` binary search, each
+  candidate evaluated with masks over static shapes and warm-started from the previous
+  waterline. The ranking reproduces the paper's float64 one, ties included (u is
+  quantised to multiples of 2**-53 near 1, tied prompts keep index order).
+* **Paper rounding.** Floor, then +1 for the prompts with the smallest change of
+  ``(κ(N) - κ*)^2``, ties by index -- evaluated as ``expm1(τ* - L)^2`` (the common factor
+  ``exp(-2τ*)`` dropped) so it does not saturate when ``κ*`` rounds to 1; a float64
+  implementation of the formula falls back to index order there (see
+  docs/results_allocation.md).
 
 ``p = 0`` is treated as the limit ``p -> 0+`` (harder than every representable p: it gets
 ``n_max`` first) and ``p = 1`` as ``p -> 1-`` (easier than all: ``n_min``); this is what
 SERA_SPEC §3 prescribes. Inputs are float32 unless ``jax_enable_x64`` is on, in which case
-every step runs in float64 (p down to 1e-300).
+every step runs in float64 (p down to 1e-300); float32 subnormals (p < 1.2e-38) are 0.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """Autoregressive sampling: jit prefill + `lax.while_loop` decode over a fixed-size KV cache.
 
-One compiled program per (model graph, batch, prompt width, `SamplingConfig`): the prompt
-is prefilled in one forward pass, then each loop iteration feeds one token per row and
-samples the next. Shapes never change inside the loop (the cache has room for prompt +
-completion from the start), rows that emitted a stop token keep running on pad tokens
-(masked out of the cache) and the loop exits early once every row is done.
+One compiled program per (model graph, batch, prompt width, `SamplingConfig`): the prompts
+are prefilled in one forward pass over a prompt-sized cache, their keys/values are copied
+into a cache with room for prompt + completion, then each loop iteration feeds one token
+per row and samples the next. Shapes never change inside the loop, rows that emitted a stop
+token keep running on pad tokens (masked out of the cache) and the loop exits early once
+every row is done. For the flat RL rollout batch (prompt q repeated N_q times) pass the P
+distinct prompts plus `segment_ids`: each prompt is prefilled once, not N_q times.
 
 Padding. Prompts are *left*-padded (`sera_jax.tasks.base.left_pad`), positions are
 `cumsum(mask) - 1` and pad slots are invalid in the cache, so a row's computation does not
@@ -330,16 +332,21 @@ def _generate_jit(
         attention_mask=prompt_mask,
     )
     logits, mask = logits[:, -1], prompt_mask
-    kv = (prefilled.k, prefilled.v)
     if segment_ids is not None:
         logits, mask = logits[segment_ids], mask[segment_ids]
-        kv = tuple(x[:, segment_ids] for x in kv)
     if cache is None:
         cache = init_cache(cfg, batch, slots)
-    # A recycled (donated) buffer is overwritten in place: stale slots past W are invalid.
+
+    def copy_prompt_kv(old, new):
+        # K/V leaves end in [B, S, Hkv, Dh] (a [L, ...] slab or one array per layer). A
+        # recycled (donated) buffer is overwritten in place; stale slots past W are invalid.
+        if segment_ids is not None:
+            new = jnp.take(new, segment_ids, axis=new.ndim - 4)
+        return jax.lax.dynamic_update_slice(old, new.astype(old.dtype), (0,) * old.ndim)
+
     k, v = (
-        jax.lax.dynamic_update_slice(old, new.astype(old.dtype), (0,) * old.ndim)
-        for old, new in zip((cache.k, cache.v), kv)
+        jax.tree.map(copy_prompt_kv, old, new)
+        for old, new in ((cache.k, prefilled.k), (cache.v, prefilled.v))
     )
     valid = jnp.zeros((batch, slots), bool).at[:, :width].set(mask)
     cache = cache.replace(k=k, v=v, valid=valid, index=jnp.asarray(width, cache.index.dtype))
@@ -359,12 +366,12 @@ def _generate_jit(
     prompt_len = jnp.sum(mask, axis=1, dtype=jnp.int32)
 
     def cond(carry):
-        step, _, done, _, _ = carry
+        step, _, done, _, _, _ = carry
         return (step < steps) & ~jnp.all(done)
 
     def body(carry):
         # Feed token step-1 (at position prompt_len + step - 1), sample token `step`.
-        step, last, done, cache, buffers = carry
+        step, last, done, lengths, cache, buffers = carry
         positions = (prompt_len + step - 1)[:, None]
         logits, cache = model(last[:, None], positions, cache=cache, attention_mask=~done[:, None])
         token, lp, slp = draw(logits[:, 0], step)
@@ -374,21 +381,20 @@ def _generate_jit(
             jax.lax.dynamic_update_slice_in_dim(buf, val[:, None], step, axis=1)
             for buf, val in zip(buffers, values)
         )
+        lengths = lengths + (~done).astype(jnp.int32)  # rows still running got a token
         done = done | jnp.isin(token, stop_ids)
-        return step + 1, token, done, cache, buffers
+        return step + 1, token, done, lengths, cache, buffers
 
-    _, _, done, cache, buffers = jax.lax.while_loop(
-        cond, body, (jnp.int32(1), first, done, cache, buffers)
+    lengths = jnp.ones((batch,), jnp.int32)
+    _, _, done, lengths, cache, buffers = jax.lax.while_loop(
+        cond, body, (jnp.int32(1), first, done, lengths, cache, buffers)
     )
     tokens, logprobs, sampling_logprobs = buffers
-    # A row's length: steps until (and including) its first stop token, else all steps.
-    is_stop = jnp.isin(tokens, stop_ids)
-    first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), steps - 1)
     output = SampleOutput(
         tokens=tokens,
         logprobs=logprobs,
         sampling_logprobs=sampling_logprobs,
-        lengths=(first_stop + 1).astype(jnp.int32),
+        lengths=lengths,
         truncated=~done,
     )
     return output, cache

@@ -260,7 +260,7 @@ def run_measure(config: ml_collections.ConfigDict, workdir: str) -> dict[str, An
                     "kappa_min": allocs[a].kappa_min, "kappa_mean": allocs[a].kappa_mean,
                     "active_frac": allocs[a].active_frac})
             for a, n in enumerate(names):
-                writer.add_scalar(f"measure/{stage}/{n}/cosine",
+                writer.add_scalar(f"measure/{stage.replace(' ', '_')}/{n}/cosine",
                                   float(cos[a:m:len(names)].mean()), n0)
             n_units += 1
             el = time.time() - t0

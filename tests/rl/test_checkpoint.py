@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -127,3 +131,37 @@ def test_interrupted_save_leaves_no_checkpoint(tmp_path):
         assert ck.latest_step() == 1 and ck.all_steps() == [1]
         restored, _ = ck.restore(_tree())
     _leaves_equal(restored, _tree())
+
+
+def test_sigkill_during_save_leaves_last_committed_step(tmp_path):
+    """A writer process is SIGKILLed while a save is in flight (its temporary directory
+    exists): the directory then holds only committed steps, and the latest one restores
+    intact."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root, XLA_FLAGS="")
+    proc = subprocess.Popen([sys.executable, "-m", "tests.rl.checkpoint_writer", str(tmp_path)],
+                            cwd=root, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    killed_mid_save = False
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            names = os.listdir(tmp_path) if tmp_path.exists() else []
+            if "2" in names and any("orbax-checkpoint-tmp" in n for n in names):
+                os.kill(proc.pid, signal.SIGKILL)
+                killed_mid_save = True
+                break
+            time.sleep(0.001)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    assert killed_mid_save, "the writer never reached a save in flight"
+    with Checkpointer(tmp_path) as ck:
+        step = ck.latest_step()
+        assert step is not None and step >= 2
+        target = {"w": jax.ShapeDtypeStruct((2048, 2048), jnp.float32),
+                  "step": jax.ShapeDtypeStruct((), jnp.int32)}
+        restored, meta = ck.restore(target)
+    assert meta == {"step": step} and int(restored["step"]) == step
+    assert float(restored["w"].min()) == float(restored["w"].max()) == step
