@@ -62,11 +62,12 @@ def test_efficient_gradient_equals_brute_force_per_rollout(tiny):
     k = np.bincount(seg, weights=r, minlength=P)
     rbar = k / np.maximum(np.asarray(counts), 1)
     adv = (r - rbar[seg]) / (rbar[seg] + 1e-6)  # centred MaxRL, SERA_SPEC §2
+    # ∇θ log π(c | x_q) of ONE rollout: a separate backward pass on that image alone.
+    score = jax.jit(jax.grad(lambda prm, xq, c: jax.nn.log_softmax(logits_fn(prm, xq)[0])[c]))
     brute = jax.tree.map(jnp.zeros_like, params)
     for i in range(len(seg)):  # one backward pass per rollout
         q, c = int(seg[i]), int(labels[i])
-        g = jax.grad(lambda prm, q=q, c=c: jax.nn.log_softmax(
-            logits_fn(prm, x[q:q + 1])[0])[c])(params)
+        g = score(params, x[q:q + 1], c)
         coef = -float(weights[q]) * adv[i] / (P * n0)
         brute = jax.tree.map(lambda a, b, coef=coef: a + coef * b, brute, g)
     for a, b in zip(jax.tree.leaves(fast), jax.tree.leaves(brute)):

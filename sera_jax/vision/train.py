@@ -44,7 +44,8 @@ def make_optimizer(*, lr: float, momentum: float, weight_decay: float, warmup_st
         raise ValueError(f"total_steps={total_steps}; must be >= 1")
     if not 0 <= warmup_steps < total_steps:
         raise ValueError(f"warmup_steps={warmup_steps}; allowed [0, total_steps={total_steps})")
-    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, max(warmup_steps, 1), total_steps)
+    schedule = (optax.warmup_cosine_decay_schedule(0.0, lr, warmup_steps, total_steps)
+                if warmup_steps else optax.cosine_decay_schedule(lr, total_steps))
     kernels = lambda params: jax.tree.map(lambda x: x.ndim > 1, params)
     return optax.chain(optax.add_decayed_weights(weight_decay, mask=kernels),
                        optax.sgd(schedule, momentum=momentum))

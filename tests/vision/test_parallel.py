@@ -12,7 +12,7 @@ def test_sharded_rl_step_matches_single_device():
     assert jax.device_count() == 8  # tests/conftest.py forces 8 CPU devices
     tx = make_optimizer(lr=0.1, momentum=0.9, weight_decay=1e-4, warmup_steps=1, total_steps=10)
     graphdef, state0 = init_state(resnet.make_resnet(
-        resnet.digits_resnet_config(width=4, stage_sizes=(1, 1))), tx)
+        resnet.digits_resnet_config(width=4, stage_sizes=(1,))), tx)
     steps = Steps(graphdef, tx)
     b = next(data.array_batches(data.load_digits_split("train"), 16, seed=0))
     key = jax.random.key(0)
