@@ -5,9 +5,9 @@ One code path for a laptop, 8 forced CPU devices and a TPU pod:
 * a 3-axis mesh `('data', 'fsdp', 'tensor')` whose shape comes from the config (-1 = fill
   with the remaining devices), built with `AxisType.Auto` axes so GSPMD propagates
   shardings through `jax.jit`;
-* model parameters carry *logical* axis names (the decoder annotates them with
-  `nnx.with_partitioning(init, ('embed', 'mlp'))`, stored as the Variable's `out_sharding`
-  metadata); `LOGICAL_RULES` map each logical name to mesh axes. A dimension whose size does
+* model parameters carry *logical* axis names (the decoder stores them in each
+  `nnx.Param`'s `out_sharding` metadata, with `eager_sharding=False` so a model can be built
+  without a mesh); `LOGICAL_RULES` map each logical name to mesh axes. A dimension whose size does
   not divide by its mesh axes is replicated instead (e.g. 2 KV heads on tensor=4), so every
   named config runs on every mesh;
 * batches (rollout rows) are split over `BATCH_AXES = ('data', 'fsdp')` and replicated over

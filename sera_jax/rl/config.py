@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ml_collections
 
-AGGREGATIONS = ("token_mean", "sequence_mean", "seq_mean_token_sum_norm")
+from sera_jax.estimators import AGGREGATIONS
 UNSEEN_POLICIES = ("fill", "fallback")
 
 
@@ -104,7 +104,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
            "an integer >= 0")
     _check(c.prompts_per_step >= 1, "prompts_per_step", c.prompts_per_step, ">= 1")
     _check(c.rollouts_per_prompt >= 1, "rollouts_per_prompt", c.rollouts_per_prompt, ">= 1")
-    _check(1 <= c.n_min <= c.n_max, "n_min", c.n_min, f"1 <= n_min <= n_max={c.n_max}")
+    # The centered MaxRL factor 1-(1-p)^(N-1) is 0 at N=1: a group needs two rollouts.
+    _check(2 <= c.n_min <= c.n_max, "n_min", c.n_min, f"2 <= n_min <= n_max={c.n_max}")
     _check(c.n_min <= c.rollouts_per_prompt <= c.n_max, "rollouts_per_prompt",
            c.rollouts_per_prompt, f"n_min={c.n_min} <= N0 <= n_max={c.n_max}")
     _check(c.allocation.name in ALLOCATORS, "allocation.name", c.allocation.name,
