@@ -12,6 +12,7 @@ from __future__ import annotations
 import ml_collections
 
 from sera_jax.estimators import AGGREGATIONS
+
 UNSEEN_POLICIES = ("fill", "fallback")
 
 
