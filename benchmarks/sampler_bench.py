@@ -119,9 +119,10 @@ def main(argv):
         tokens, mask = jnp.asarray(prompts), jnp.ones((num_prompts, p_len), bool)
         segment_ids = jnp.repeat(jnp.arange(num_prompts), samples) if samples > 1 else None
         ids = torch.from_numpy(prompts.astype(np.int64))
+        n = min(2, num_prompts)
         with torch.inference_mode():  # same model on both sides: compare prompt logits
-            ref = hf(input_ids=ids[:2]).logits.numpy()
-        ours = np.asarray(model(tokens[:2], jnp.broadcast_to(jnp.arange(p_len), (2, p_len)))[0])
+            ref = hf(input_ids=ids[:n]).logits.numpy()
+        ours = np.asarray(model(tokens[:n], jnp.broadcast_to(jnp.arange(p_len), (n, p_len)))[0])
         logit_diff = float(np.abs(ref - ours).max())
 
         sconfig = SamplingConfig(max_new_tokens=t_new, temperature=1.0)
