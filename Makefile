@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 WORKDIR ?= workdir
 
-.PHONY: venv demo test test-all lint bench smollm2 hf-deps clean
+.PHONY: venv demo allocation-demo test test-all lint bench smollm2 hf-deps clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,7 +16,12 @@ $(STAMP): setup.cfg pyproject.toml
 
 venv: $(STAMP)
 
+# The main job: the gradient-alignment study on real digits (CPU default, a few minutes).
 demo: $(STAMP)
+	$(PY) -m experiments.gradient_alignment --config=configs/gradient_alignment/digits.py \
+		--workdir=$(WORKDIR)/alignment_digits
+
+allocation-demo: $(STAMP)
 	$(PY) -m experiments.allocation_demo --workdir=$(WORKDIR)/allocation_demo
 
 test: $(STAMP)

@@ -30,17 +30,22 @@ with `eager_sharding=False` so a model can be built without a mesh):
     layers[i].mlp.down             [ffn, hidden]                 ("mlp", "embed")
 
 `sera_jax.sharding.state_shardings(state, mesh, rules)` maps the logical names
-(`LOGICAL_AXIS_NAMES`) to mesh axes by `sharding.LOGICAL_RULES`.
+(`LOGICAL_AXIS_NAMES`) to mesh axes by `sharding.LOGICAL_RULES`. Under `jax.set_mesh(mesh)`
+the residual stream is constrained to batch rows split over `sharding.BATCH_AXES` (hidden
+dimension replicated); without a mesh context that constraint is a no-op.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
+
+from sera_jax import sharding
 
 #: Every logical axis name used in parameter `out_sharding` metadata.
 LOGICAL_AXIS_NAMES = ("vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp", "norm")
@@ -107,21 +112,23 @@ class DecoderConfig:
 
 @struct.dataclass
 class KVCache:
-    """Fixed-size key/value cache shared by all layers.
+    """Fixed-size key/value cache.
 
-    k, v: [L, B, S, Hkv, Dh]; valid: bool [B, S] (slot holds a real token); index: int32
-    scalar, the next slot to write (the same for every row: left-padded prompts make the
-    batch share slot positions while their RoPE positions differ).
+    k, v: tuples of L arrays [B, S, Hkv, Dh], one per layer; valid: bool [B, S] (slot holds a
+    real token); index: int32 scalar, the next slot to write (the same for every row:
+    left-padded prompts make the batch share slot positions while their RoPE positions
+    differ). One buffer per layer (not one [L, ...] slab) lets XLA update each layer's
+    buffer in place; with a slab it copied the whole cache before every layer's write.
     """
 
-    k: jax.Array
-    v: jax.Array
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
     valid: jax.Array
     index: jax.Array
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[2]
+        return self.valid.shape[1]
 
 
 def init_cache(cfg: DecoderConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
@@ -129,10 +136,10 @@ def init_cache(cfg: DecoderConfig, batch: int, max_len: int, dtype: Any = None) 
     if batch < 1 or max_len < 1:
         raise ValueError(f"init_cache: batch={batch}, max_len={max_len}; both must be >= 1")
     dtype = cfg.dtype if dtype is None else dtype
-    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.resolved_head_dim)
+    shape = (batch, max_len, cfg.num_kv_heads, cfg.resolved_head_dim)
     return KVCache(
-        k=jnp.zeros(shape, dtype),
-        v=jnp.zeros(shape, dtype),
+        k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
+        v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
         valid=jnp.zeros((batch, max_len), bool),
         index=jnp.zeros((), jnp.int32),
     )
@@ -141,6 +148,27 @@ def init_cache(cfg: DecoderConfig, batch: int, max_len: int, dtype: Any = None) 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
     """RoPE positions of a (left-)padded batch: `cumsum(mask) - 1`, clipped at 0 (int32)."""
     return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def constrain_batch(x: jax.Array) -> jax.Array:
+    """`with_sharding_constraint(x, P(BATCH_AXES, None, ...))` under a mesh context.
+
+    Rows go over the `sharding.BATCH_AXES` present in the current (`jax.set_mesh`) mesh, the
+    other dimensions are replicated; axes that do not divide the batch are dropped (as in
+    `sharding.logical_to_spec`). Without a mesh, or with none of those axes, x is returned
+    unchanged. Why: parameters sharded over `fsdp` along `embed` otherwise let GSPMD give
+    activations a hidden dimension split over `fsdp`, which forces full rematerialisation.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(sharding.BATCH_AXES) & set(mesh.axis_names):
+        return x
+    axes = [a for a in sharding.BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1]
+    while axes and x.shape[0] % math.prod(mesh.shape[a] for a in axes):
+        axes.pop()
+    if not axes:
+        return x
+    spec = jax.sharding.PartitionSpec(tuple(axes), *([None] * (x.ndim - 1)))
+    return jax.lax.with_sharding_constraint(x, spec)
 
 
 def _param(rngs: nnx.Rngs, shape, names, cfg: DecoderConfig, init: str = "normal") -> nnx.Param:
@@ -214,14 +242,13 @@ class Attention(nnx.Module):
         rope: tuple[jax.Array, jax.Array],
         mask: jax.Array,
         cache_kv: tuple[jax.Array, jax.Array] | None,
-        layer: int,
         index: jax.Array | None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """x: [B, T, D]; rope: `rope_tables` of the positions; mask: bool [B, T, S] (query t
         may attend key slot s).
 
-        With `cache_kv = (k_all, v_all)` ([L, B, S, Hkv, Dh]) the new keys/values are
-        written at slots [index, index + T) of layer `layer` and the updated slabs returned.
+        With `cache_kv = (k, v)` (this layer's [B, S, Hkv, Dh] buffers) the new keys/values
+        are written at slots [index, index + T) and the updated buffers returned.
         """
         cfg = self.cfg
         q = self._project(x, self.q_kernel, "q_bias")
@@ -233,26 +260,39 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
         if cache_kv is not None:
-            k_all, v_all = cache_kv
-            start = (layer, 0, index, 0, 0)
-            # Updating the [L, ...] slab in place (not stacking per-layer results) keeps a
-            # donated cache buffer alias-able by XLA.
-            k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), start)
-            v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), start)
-            keys, values = k_all[layer].astype(x.dtype), v_all[layer].astype(x.dtype)
-            cache_kv = (k_all, v_all)
+            k_buf, v_buf = cache_kv
+            start = (0, index, 0, 0)
+            k_buf = jax.lax.dynamic_update_slice(k_buf, k.astype(k_buf.dtype), start)
+            v_buf = jax.lax.dynamic_update_slice(v_buf, v.astype(v_buf.dtype), start)
+            keys, values = k_buf.astype(x.dtype), v_buf.astype(x.dtype)
+            cache_kv = (k_buf, v_buf)
         else:
             keys, values = k, v
 
         b, t, h, dh = q.shape
         hkv = cfg.num_kv_heads
         q = q.reshape(b, t, hkv, h // hkv, dh)
-        scores = jnp.einsum(
-            "btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32
-        ) / jnp.sqrt(jnp.float32(dh))
-        scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
-        probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(b, t, h, dh)
+        scale = jnp.sqrt(jnp.float32(dh))
+        if t == 1:
+            # Single-token decode: broadcast-multiply + reduce in the cache's own [B, S, Hkv,
+            # Dh] layout. The einsums below would transpose every layer's whole K and V to a
+            # matmul layout each step (~60% of a CPU decode step); here there is no matmul
+            # to win back (one query per row).
+            q1 = q[:, 0].astype(jnp.float32)  # [B, Hkv, G, Dh]
+            scores = jnp.sum(
+                q1[:, None] * keys[:, :, :, None, :].astype(jnp.float32), axis=-1
+            ) / scale  # [B, S, Hkv, G]
+            scores = jnp.where(mask[:, 0, :, None, None], scores, _MASK_VALUE)
+            probs = jax.nn.softmax(scores, axis=1).astype(x.dtype)
+            out = jnp.sum(probs[..., None] * values[:, :, :, None, :], axis=1)  # [B, Hkv, G, Dh]
+            out = out.reshape(b, 1, h, dh)
+        else:
+            scores = jnp.einsum(
+                "btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32
+            ) / scale
+            scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+            probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+            out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(b, t, h, dh)
         out = jnp.einsum("bthk,hkd->btd", out, self.o_kernel[...].astype(x.dtype))
         return out, cache_kv
 
@@ -281,10 +321,10 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, rope, mask, cache_kv, layer, index):
-        a, cache_kv = self.attn(self.attn_norm(x), rope, mask, cache_kv, layer, index)
-        x = x + a
-        x = x + self.mlp(self.mlp_norm(x))
+    def __call__(self, x, rope, mask, cache_kv, index):
+        a, cache_kv = self.attn(self.attn_norm(x), rope, mask, cache_kv, index)
+        x = constrain_batch(x + a)
+        x = constrain_batch(x + self.mlp(self.mlp_norm(x)))
         return x, cache_kv
 
 
@@ -331,6 +371,11 @@ class Decoder(nnx.Module):
                 f"cache holds batch {cache.valid.shape[0]} x {cache.max_len} slots; got "
                 f"tokens {tokens.shape} (batch must match, T <= max_len)"
             )
+        if cache is not None and not (len(cache.k) == len(cache.v) == cfg.num_layers):
+            raise ValueError(
+                f"cache has {len(cache.k)} k / {len(cache.v)} v buffers; the model has "
+                f"num_layers={cfg.num_layers} (make it with init_cache(cfg, ...))"
+            )
         if attention_mask is None:
             attention_mask = jnp.ones((b, t), bool)
         attention_mask = attention_mask.astype(bool)
@@ -339,7 +384,7 @@ class Decoder(nnx.Module):
             q_slot = jnp.arange(t)
             causal = q_slot[:, None] >= q_slot[None, :]  # [T, T]
             mask = causal[None] & attention_mask[:, None, :]
-            cache_kv, index = None, None
+            index = None
         else:
             index = cache.index
             s = cache.max_len
@@ -347,12 +392,16 @@ class Decoder(nnx.Module):
             q_slot = index + jnp.arange(t)
             causal = q_slot[:, None] >= jnp.arange(s)[None, :]  # [T, S]
             mask = causal[None] & valid[:, None, :]
-            cache_kv = (cache.k, cache.v)
 
         rope = rope_tables(positions, cfg.resolved_head_dim, cfg.rope_theta)  # once, all layers
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype)
+        x = constrain_batch(jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype))
+        new_k, new_v = [], []
         for layer, block in enumerate(self.layers):
-            x, cache_kv = block(x, rope, mask, cache_kv, layer, index)
+            layer_kv = None if cache is None else (cache.k[layer], cache.v[layer])
+            x, layer_kv = block(x, rope, mask, layer_kv, index)
+            if cache is not None:
+                new_k.append(layer_kv[0])
+                new_v.append(layer_kv[1])
         x = self.final_norm(x)
         if cfg.tie_embeddings:
             logits = jnp.einsum(
@@ -367,7 +416,7 @@ class Decoder(nnx.Module):
         logits = logits.astype(jnp.float32)
 
         if cache is not None:
-            cache = KVCache(k=cache_kv[0], v=cache_kv[1], valid=valid, index=index + t)
+            cache = KVCache(k=tuple(new_k), v=tuple(new_v), valid=valid, index=index + t)
         return logits, cache
 
 

@@ -1,17 +1,20 @@
 """Decoder: config validation, KV-cache decode == full forward (left padding), RoPE
-relativity, token_logprobs, sharding metadata."""
+relativity, token_logprobs, sharding metadata, batch sharding constraint under a mesh."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
+from sera_jax import sharding
 from sera_jax.models import configs
 from sera_jax.models.decoder import (
     LOGICAL_AXIS_NAMES,
     Decoder,
     DecoderConfig,
+    constrain_batch,
     count_params,
     init_cache,
     positions_from_mask,
@@ -189,7 +192,10 @@ def test_get_config_unknown_name():
 
 def test_init_cache_validation_and_shape():
     cache = init_cache(TINY, batch=2, max_len=5)
-    assert cache.k.shape == (2, 2, 5, 2, 8) and cache.valid.shape == (2, 5)
+    # One [B, S, Hkv, Dh] buffer per layer (TINY: 2 layers, 2 KV heads, head_dim 8).
+    assert len(cache.k) == len(cache.v) == TINY.num_layers
+    assert all(a.shape == (2, 5, 2, 8) for a in cache.k + cache.v)
+    assert cache.valid.shape == (2, 5) and cache.max_len == 5
     with pytest.raises(ValueError, match="max_len"):
         init_cache(TINY, batch=2, max_len=0)
 
@@ -203,3 +209,29 @@ def test_call_shape_validation():
         model(tokens, tokens, attention_mask=jnp.ones((2, 4), bool))
     with pytest.raises(ValueError, match="batch must match"):
         model(tokens, tokens, init_cache(TINY, batch=3, max_len=8))
+    with pytest.raises(ValueError, match="num_layers=2"):
+        model(tokens, tokens, init_cache(TINY.replace(num_layers=3), batch=2, max_len=8))
+
+
+def test_constrain_batch_is_noop_without_mesh_and_splits_rows_under_one():
+    x = jnp.zeros((8, 3, 32))
+    assert constrain_batch(x) is x  # no mesh context: untouched
+    mesh = sharding.make_mesh((2, 2, 2))
+    with jax.set_mesh(mesh):
+        y = jax.jit(constrain_batch)(x)
+        assert y.sharding.is_equivalent_to(NamedSharding(mesh, PartitionSpec(("data", "fsdp"))), 3)
+        # 6 rows do not divide by data*fsdp = 4: keep the dividing prefix ('data').
+        z = jax.jit(constrain_batch)(jnp.zeros((6, 3, 32)))
+        assert z.sharding.is_equivalent_to(NamedSharding(mesh, PartitionSpec("data")), 3)
+
+
+def test_forward_under_mesh_matches_single_device():
+    model = _randomised(TINY)
+    tokens, mask = _left_padded_batch(TINY.vocab_size, [6, 3, 5, 6], 6, seed=1)
+    positions = positions_from_mask(mask)
+    ref = np.asarray(forward(model, tokens, positions, mask))
+    mesh = sharding.make_mesh((2, 2, 2))
+    sharded = sharding.shard_model(_randomised(TINY), mesh)
+    with jax.set_mesh(mesh):
+        out = forward(sharded, *sharding.shard_batch((tokens, positions, mask), mesh))
+    np.testing.assert_allclose(np.asarray(out), ref, atol=2e-5, rtol=1e-5)

@@ -83,7 +83,7 @@ def test_digits_train_mode(tmp_path):
     assert (tmp_path / "train_log.csv").exists() and "val_pass@4" in res["summary"]
 
 
-@pytest.mark.parametrize("mode", ["train", "measure"])
+@pytest.mark.parametrize("mode", ["train", pytest.param("measure", marks=pytest.mark.slow)])
 def test_imagenet_config_on_mock_data(tmp_path, mode):
     import tensorflow_datasets as tfds
 

@@ -1,0 +1,1 @@
+"""Image classification for the one-step-RL study: NNX ResNets, data, training steps, study."""
