@@ -176,8 +176,8 @@ def test_configs_are_valid(name):
 def test_embedded_smollm2_answers_simple_arithmetic_greedily():
     """The real embedded model (via the binary's loader) solves two one-line sums greedily.
 
-    About 2 minutes on 2 loaded CPU cores (GGUF dequantisation ~30 s, sampler compile of the
-    30-layer model, 24 decode steps).
+    Measured on 2 shared CPU cores: 28 s (load average 5) to 78 s (load 14) -- GGUF
+    dequantisation, the sampler compile of the 30-layer model and 24 decode steps.
     """
     from sera_jax.sampling import SamplingConfig, generate
     from sera_jax.tasks.base import left_pad
