@@ -112,7 +112,7 @@ def build(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None
                  task.split_size("train"), task.split_size("eval"), task.max_prompt_len,
                  task.max_new_tokens)
     if cfg.model.init_checkpoint:
-        model = restore_policy(cfg, cfg.rl, task, model, mesh, cfg.model.init_checkpoint)
+        model = restore_policy(cfg.rl, task, model, mesh, cfg.model.init_checkpoint)
     return model, task, mesh
 
 
@@ -125,11 +125,13 @@ def method_config(cfg: ml_collections.ConfigDict, method: str) -> ml_collections
     return rl
 
 
-def restore_policy(cfg: ml_collections.ConfigDict, rl_cfg: ml_collections.ConfigDict,
-                   task: MathTask, model: Decoder, mesh, directory: str,
-                   step: int | None = None) -> Decoder:
-    """`model`'s graph with the parameters of a trainer checkpoint (latest step by default)."""
-    del cfg
+def restore_policy(rl_cfg: ml_collections.ConfigDict, task: MathTask, model: Decoder, mesh,
+                   directory: str, step: int | None = None) -> Decoder:
+    """`model`'s graph with the parameters of a trainer checkpoint (latest step by default).
+
+    The checkpoint must come from a run with the same model, task split sizes and optimiser
+    (`rl_cfg`); otherwise `CheckpointError` lists the mismatching paths.
+    """
     trainer = trainer_lib.Trainer(rl_cfg, task, model, mesh)
     with Checkpointer(directory) as ckpt:
         state, meta = ckpt.restore(trainer.abstract_state(trainer.init_state(model)), step)
@@ -349,7 +351,7 @@ def stage_eval_after(cfg, workdir: str, method: str, model: Decoder, task: MathT
         logging.warning("%s: RL not finished (latest checkpoint %s of %d steps); not evaluated",
                         method, latest, rl_cfg.num_steps)
         return None
-    policy = restore_policy(cfg, rl_cfg, task, model, mesh, ckpt_dir, rl_cfg.num_steps)
+    policy = restore_policy(rl_cfg, task, model, mesh, ckpt_dir, rl_cfg.num_steps)
     record = evaluate_policy(policy, task, cfg, mesh)
     record["rl_steps"] = int(rl_cfg.num_steps)
     train = read_jsonl(os.path.join(run_dir(workdir, method), "train.jsonl"))

@@ -102,6 +102,16 @@ def test_rl_and_eval_end_to_end(policy_dir, tmp_path):
     assert "initial (before RL)" in md and "sera (after RL)" in md and "maj@4" in md
     assert os.path.getsize(os.path.join(workdir, "results", "pass_at_k.png")) > 1000
 
+    # A finished run's checkpoints can seed a new policy (model.init_checkpoint).
+    cfg.model.init_checkpoint = os.path.join(workdir, "rl", "sera", "checkpoints")
+    seeded, _, _ = mr.build(cfg, mesh)
+    initial_model, _ = mr.load_policy(cfg, mesh)
+    leaves = jax.tree.leaves(nnx.state(seeded, nnx.Param))
+    assert len(leaves) == len(jax.tree.leaves(nnx.state(initial_model, nnx.Param)))
+    for a, b in zip(leaves, jax.tree.leaves(nnx.state(initial_model, nnx.Param))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # lr = 0: unchanged
+    cfg.model.init_checkpoint = ""
+
     # Re-running finds everything done: no new steps, the same report.
     again = mr.run(cfg, workdir, stage="all", mesh=mesh)
     assert again["evals"] == table["evals"]

@@ -38,7 +38,6 @@ dimension replicated); without a mesh context that constraint is a no-op.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -150,25 +149,28 @@ def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
     return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
-def constrain_batch(x: jax.Array) -> jax.Array:
-    """`with_sharding_constraint(x, P(BATCH_AXES, None, ...))` under a mesh context.
+def constrain(x: jax.Array, logical: tuple[str | None, ...]) -> jax.Array:
+    """`with_sharding_constraint` of x to logical axes `logical` under a mesh context.
 
-    Rows go over the `sharding.BATCH_AXES` present in the current (`jax.set_mesh`) mesh, the
-    other dimensions are replicated; axes that do not divide the batch are dropped (as in
-    `sharding.logical_to_spec`). Without a mesh, or with none of those axes, x is returned
-    unchanged. Why: parameters sharded over `fsdp` along `embed` otherwise let GSPMD give
-    activations a hidden dimension split over `fsdp`, which forces full rematerialisation.
+    Only when the current mesh (`jax.set_mesh`) has the `sharding.MESH_AXES`; the spec is
+    `sharding.logical_to_spec(logical, x.shape, mesh)` (axes that do not divide a dimension
+    are dropped). Without a mesh x is returned unchanged, so single-device code is unaffected.
     """
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not set(sharding.BATCH_AXES) & set(mesh.axis_names):
+    if mesh.empty or not set(sharding.MESH_AXES) <= set(mesh.axis_names):
         return x
-    axes = [a for a in sharding.BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1]
-    while axes and x.shape[0] % math.prod(mesh.shape[a] for a in axes):
-        axes.pop()
-    if not axes:
-        return x
-    spec = jax.sharding.PartitionSpec(tuple(axes), *([None] * (x.ndim - 1)))
+    spec = sharding.logical_to_spec(logical, x.shape, mesh)
     return jax.lax.with_sharding_constraint(x, spec)
+
+
+def constrain_batch(x: jax.Array) -> jax.Array:
+    """Activations [B, ...]: rows split over `sharding.BATCH_AXES`, the rest replicated.
+
+    Why: with parameters sharded over `fsdp` along `embed`, GSPMD otherwise propagates a
+    hidden dimension split over `fsdp` into the activations and then has to fully
+    rematerialise them to reach the batch-split layout. No-op without a mesh context.
+    """
+    return constrain(x, ("batch",) + (None,) * (x.ndim - 1))
 
 
 def _param(rngs: nnx.Rngs, shape, names, cfg: DecoderConfig, init: str = "normal") -> nnx.Param:
@@ -394,7 +396,11 @@ class Decoder(nnx.Module):
             mask = causal[None] & valid[:, None, :]
 
         rope = rope_tables(positions, cfg.resolved_head_dim, cfg.rope_theta)  # once, all layers
-        x = constrain_batch(jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype))
+        # Gather rows from a table whose hidden dim is whole (the FSDP all-gather at use):
+        # gathering from the `embed`-over-fsdp table would give activations split on the
+        # hidden dim, which cannot be re-laid out to batch rows without rematerialising.
+        table = constrain(self.embed[...], ("vocab", None))
+        x = constrain_batch(jnp.take(table, tokens, axis=0).astype(cfg.dtype))
         new_k, new_v = [], []
         for layer, block in enumerate(self.layers):
             layer_kv = None if cache is None else (cache.k[layer], cache.v[layer])
