@@ -49,6 +49,13 @@ from sera_jax.models import embedded
 from sera_jax.models.decoder import Decoder
 from sera_jax.models.tokenizer import Tokenizer, from_gguf, load_tokenizer
 from sera_jax.models.weights import load_gguf, load_hf_checkpoint, open_gguf
+from sera_jax.records import (
+    append_jsonl,
+    log_timing,
+    read_json,
+    read_jsonl,
+    write_json,
+)
 from sera_jax.rl import evaluate as eval_lib
 from sera_jax.rl import trainer as trainer_lib
 from sera_jax.sampling import SamplingConfig
@@ -149,42 +156,6 @@ def parse_methods(text: str) -> list[str]:
 # ----------------------------------------------------------------------------- small I/O
 
 
-def _append_jsonl(path: str, record: dict[str, Any]) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def read_jsonl(path: str) -> list[dict[str, Any]]:
-    """Records of a JSONL file ([] when missing; a torn last line from a kill is dropped)."""
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return out
-
-
-def _write_json(path: str, obj: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
-
-
-def _read_json(path: str) -> Any:
-    with open(path) as f:
-        return json.load(f)
-
-
-def _timing(workdir: str, what: str, seconds: float) -> None:
-    _append_jsonl(os.path.join(workdir, "timings.jsonl"),
-                  {"what": what, "seconds": round(seconds, 2), "utc": time.time()})
-
-
 def _finite(metrics: dict[str, float]) -> dict[str, float | None]:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
 
@@ -282,11 +253,11 @@ def stage_eval_initial(cfg, workdir: str, model: Decoder, task: MathTask, mesh) 
     """Evaluate the initial policy once (`eval/initial.json`)."""
     path = os.path.join(workdir, "eval", "initial.json")
     if os.path.exists(path):
-        return _read_json(path)
+        return read_json(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     record = evaluate_policy(model, task, cfg, mesh)
-    _write_json(path, record)
-    _timing(workdir, "eval/initial", record["seconds"])
+    write_json(path, record)
+    log_timing(workdir, "eval/initial", record["seconds"])
     logging.info("initial policy: pass@k %s maj@n %s", record["pass_at_k"], record["maj_at_n"])
     return record
 
@@ -325,7 +296,7 @@ def stage_rl(cfg, workdir: str, method: str, model: Decoder, task: MathTask, mes
             step += 1
             done_here += 1
             tokens += metrics["generated_tokens"]
-            _append_jsonl(train_path, {"step": step, "rollouts": step * trainer.budget,
+            append_jsonl(train_path, {"step": step, "rollouts": step * trainer.budget,
                                        "tokens": tokens, **_finite(metrics)})
             writer.write(step, metrics)
             if step == rl_cfg.num_steps or (rl_cfg.checkpoint_every
@@ -334,7 +305,7 @@ def stage_rl(cfg, workdir: str, method: str, model: Decoder, task: MathTask, mes
     finally:
         ckpt.close()
         writer.close()
-        _timing(workdir, f"rl/{method}", time.perf_counter() - t0)
+        log_timing(workdir, f"rl/{method}", time.perf_counter() - t0)
 
 
 def stage_eval_after(cfg, workdir: str, method: str, model: Decoder, task: MathTask,
@@ -342,7 +313,7 @@ def stage_eval_after(cfg, workdir: str, method: str, model: Decoder, task: MathT
     """Evaluate a method's final checkpoint once (`eval/<method>.json`); None if unfinished."""
     path = os.path.join(workdir, "eval", f"{method}.json")
     if os.path.exists(path):
-        return _read_json(path)
+        return read_json(path)
     rl_cfg = method_config(cfg, method)
     ckpt_dir = os.path.join(run_dir(workdir, method), "checkpoints")
     with Checkpointer(ckpt_dir) as ckpt:
@@ -357,8 +328,8 @@ def stage_eval_after(cfg, workdir: str, method: str, model: Decoder, task: MathT
     train = read_jsonl(os.path.join(run_dir(workdir, method), "train.jsonl"))
     if train:
         record["rollouts"], record["tokens"] = train[-1]["rollouts"], train[-1]["tokens"]
-    _write_json(path, record)
-    _timing(workdir, f"eval/{method}", record["seconds"])
+    write_json(path, record)
+    log_timing(workdir, f"eval/{method}", record["seconds"])
     logging.info("%s after RL: pass@k %s maj@n %s", method, record["pass_at_k"],
                  record["maj_at_n"])
     return record
@@ -371,11 +342,11 @@ def report(cfg, workdir: str, methods: Sequence[str]) -> dict[str, Any]:
     """`results/pass_at_k.{json,md,png}` from the finished evaluations and training logs."""
     results_dir = os.path.join(workdir, "results")
     os.makedirs(results_dir, exist_ok=True)
-    evals = {"initial": _read_json(os.path.join(workdir, "eval", "initial.json"))}
+    evals = {"initial": read_json(os.path.join(workdir, "eval", "initial.json"))}
     for method in methods:
         path = os.path.join(workdir, "eval", f"{method}.json")
         if os.path.exists(path):
-            evals[method] = _read_json(path)
+            evals[method] = read_json(path)
     train = {m: read_jsonl(os.path.join(run_dir(workdir, m), "train.jsonl")) for m in methods}
     timings = read_jsonl(os.path.join(workdir, "timings.jsonl"))
     table = {"evals": {k: {f: v[f] for f in ("pass_at_k", "maj_at_n", "num_prompts",
@@ -384,7 +355,7 @@ def report(cfg, workdir: str, methods: Sequence[str]) -> dict[str, Any]:
                        for k, v in evals.items()},
              "train": {m: [_train_summary(r) for r in rs] for m, rs in train.items()},
              "timings": timings}
-    _write_json(os.path.join(results_dir, "pass_at_k.json"), table)
+    write_json(os.path.join(results_dir, "pass_at_k.json"), table)
     with open(os.path.join(results_dir, "pass_at_k.md"), "w") as f:
         f.write(results_markdown(evals, train))
     plot_results(evals, train, os.path.join(results_dir, "pass_at_k.png"))
@@ -472,7 +443,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     os.makedirs(workdir, exist_ok=True)
     t0 = time.perf_counter()
     model, task, mesh = build(cfg, mesh)
-    _timing(workdir, "load", time.perf_counter() - t0)
+    log_timing(workdir, "load", time.perf_counter() - t0)
     if stage in ("all", "eval"):
         stage_eval_initial(cfg, workdir, model, task, mesh)
     if stage in ("all", "rl"):
@@ -488,18 +459,21 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     return None
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.", required=True)
-_STAGE = flags.DEFINE_enum("stage", "all", STAGES, "Which stage to run.")
+def define_flags() -> None:
+    """The binary's flags; defined only when run as a program, so tests can import it."""
+    config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment config file.")
+    flags.DEFINE_string("workdir", None, "Output directory.", required=True)
+    flags.DEFINE_enum("stage", "all", STAGES, "Which stage to run.")
 
 
 def main(argv: Sequence[str]) -> None:
     del argv
-    cfg = _CONFIG.value
+    args = flags.FLAGS
+    cfg = args.config
     if cfg.rl.multihost.enabled:
         trainer_lib.initialize_distributed(cfg.rl)
     try:
-        run(cfg, _WORKDIR.value, _STAGE.value)
+        run(cfg, args.workdir, args.stage)
     except FileNotFoundError as e:
         if str(e) == SMOLLM2_MISSING:
             sys.exit(SMOLLM2_MISSING)
@@ -507,4 +481,5 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

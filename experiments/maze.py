@@ -44,6 +44,13 @@ from sera_jax.checkpoint import Checkpointer
 from sera_jax.metrics import pass_at_k_curve
 from sera_jax.models.configs import get_config as get_model_config
 from sera_jax.models.decoder import Decoder
+from sera_jax.records import (
+    append_jsonl,
+    log_timing,
+    read_jsonl,
+    write_json,
+    write_jsonl,
+)
 from sera_jax.rl import evaluate as eval_lib
 from sera_jax.rl import trainer as trainer_lib
 from sera_jax.sampling import SamplingConfig
@@ -100,45 +107,9 @@ def eval_sampling(cfg: ml_collections.ConfigDict, task: maze_lib.MazeTask) -> Sa
 # ----------------------------------------------------------------------------- small I/O
 
 
-def _append_jsonl(path: str, record: dict[str, Any]) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def read_jsonl(path: str) -> list[dict[str, Any]]:
-    """Records of a JSONL file ([] when missing; a torn last line from a kill is dropped)."""
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return out
-
-
 def _truncate_jsonl(path: str, max_step: int) -> None:
     """Keep only records with step <= max_step (work after the last checkpoint is redone)."""
-    records = [r for r in read_jsonl(path) if r["step"] <= max_step]
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-    os.replace(tmp, path)
-
-
-def _write_json(path: str, obj: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
-
-
-def _timing(workdir: str, what: str, seconds: float) -> None:
-    _append_jsonl(os.path.join(workdir, "timings.jsonl"), {"what": what, "seconds": seconds,
-                                                           "utc": time.time()})
+    write_jsonl(path, [r for r in read_jsonl(path) if r["step"] <= max_step])
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -205,10 +176,10 @@ def stage_sft(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[s
         def log(step, m):
             logging.info("sft step %d | loss=%.4f grad_norm=%.3g rows/s=%.1f", step, m["loss"],
                          m["grad_norm"], m["rows_per_s"])
-            _append_jsonl(metrics_path, m)
+            append_jsonl(metrics_path, m)
 
         trainer.train(log=log)
-        _timing(workdir, "sft_train", time.perf_counter() - t0)
+        log_timing(workdir, "sft_train", time.perf_counter() - t0)
     trainer.ckpt.close()
 
     eval_path = os.path.join(sft_dir, "eval.json")
@@ -223,8 +194,8 @@ def stage_sft(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[s
         result["final"] = result["curve"]
     result["pass1_distribution"] = pass1_distribution(result["final"]["num_correct"],
                                                       result["final"]["num_samples"])
-    _write_json(eval_path, result)
-    _timing(workdir, "sft_eval", time.perf_counter() - t0)
+    write_json(eval_path, result)
+    log_timing(workdir, "sft_eval", time.perf_counter() - t0)
     logging.info("SFT model: pass@1 distribution over held-out mazes %s",
                  result["pass1_distribution"])
     return result
@@ -268,7 +239,7 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
             _truncate_jsonl(path, step)
     if step == 0 and not read_jsonl(eval_path):
         with open(sft_eval_path) as f:
-            _append_jsonl(eval_path, {**json.load(f)["curve"], "rollouts": 0, "tokens": 0})
+            append_jsonl(eval_path, {**json.load(f)["curve"], "rollouts": 0, "tokens": 0})
     tokens = sum(r["generated_tokens"] for r in read_jsonl(train_path))
     writer = trainer_lib.MetricWriter(os.path.join(out, "tensorboard"), rl_cfg.log_every)
     t0, done_here = time.perf_counter(), 0
@@ -282,7 +253,7 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
             record = {"step": step, "rollouts": step * trainer.budget, "tokens": tokens,
                       **{k: (None if isinstance(v, float) and math.isnan(v) else v)
                          for k, v in metrics.items()}}
-            _append_jsonl(train_path, record)
+            append_jsonl(train_path, record)
             writer.write(step, metrics)
             final = step == rl_cfg.num_steps
             if final or (every and step % every == 0):
@@ -292,10 +263,10 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
                     # The curve keeps one sample size; the final point is also measured so.
                     curve = evaluate_policy(trainer.model(state), task, cfg,
                                             cfg.eval.curve_samples, step, mesh)
-                    _append_jsonl(eval_path, {**curve, "rollouts": step * trainer.budget,
+                    append_jsonl(eval_path, {**curve, "rollouts": step * trainer.budget,
                                               "tokens": tokens, "curve": True})
                     ev["final_only"] = True
-                _append_jsonl(eval_path, {**ev, "rollouts": step * trainer.budget,
+                append_jsonl(eval_path, {**ev, "rollouts": step * trainer.budget,
                                           "tokens": tokens})
                 writer.write(step, {f"eval/pass@{k}": v for k, v in ev["pass_at_k"].items()})
                 logging.info("%s seed %d step %d: held-out pass@k %s", method, seed, step,
@@ -306,7 +277,7 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
     finally:
         ckpt.close()
         writer.close()
-        _timing(workdir, f"rl/{method}/seed{seed}", time.perf_counter() - t0)
+        log_timing(workdir, f"rl/{method}/seed{seed}", time.perf_counter() - t0)
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -378,7 +349,7 @@ def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[st
             entry[field] = dict(zip(("mean", "std", "min", "max"), _mean_spread(vals)),
                                 values=vals)
         table["methods"][method] = entry
-    _write_json(os.path.join(results_dir, "comparison.json"), table)
+    write_json(os.path.join(results_dir, "comparison.json"), table)
     md = comparison_markdown(table)
     with open(os.path.join(results_dir, "comparison.md"), "w") as f:
         f.write(md)
@@ -511,27 +482,30 @@ def run_stage(cfg: ml_collections.ConfigDict, workdir: str, stage: str,
     return None
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (resumable).", required=True)
-_STAGE = flags.DEFINE_enum("stage", "all", STAGES, "Which stage(s) to run.")
-_METHODS = flags.DEFINE_string("methods", None, "Comma list of config.methods to run "
-                               "(default: config.compare.methods).")
-_SEEDS = flags.DEFINE_string("seeds", None, "Comma list of RL seeds (default: "
-                             "config.compare.seeds).")
+def define_flags() -> None:
+    """The binary's flags; defined only when run as a program, so tests can import it."""
+    config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment config file.")
+    flags.DEFINE_string("workdir", None, "Output directory (resumable).", required=True)
+    flags.DEFINE_enum("stage", "all", STAGES, "Which stage(s) to run.")
+    flags.DEFINE_string("methods", None, "Comma list of config.methods to run "
+                        "(default: config.compare.methods).")
+    flags.DEFINE_string("seeds", None, "Comma list of RL seeds (default: config.compare.seeds).")
 
 
 def main(argv: Sequence[str]) -> None:
     del argv
-    cfg = _CONFIG.value
-    methods = _parse_list(_METHODS.value or cfg.compare.methods)
-    seeds = _parse_list(_SEEDS.value or cfg.compare.seeds, int)
+    args = flags.FLAGS
+    cfg = args.config
+    methods = _parse_list(args.methods or cfg.compare.methods)
+    seeds = _parse_list(args.seeds or cfg.compare.seeds, int)
     # Compiled programs persist across processes: a resumed or later stage skips compiles.
-    jax.config.update("jax_compilation_cache_dir", os.path.join(_WORKDIR.value, ".jax_cache"))
+    jax.config.update("jax_compilation_cache_dir", os.path.join(args.workdir, ".jax_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     t0 = time.perf_counter()
-    run_stage(cfg, _WORKDIR.value, _STAGE.value, methods, seeds)
-    _timing(_WORKDIR.value, f"stage_{_STAGE.value}", time.perf_counter() - t0)
+    run_stage(cfg, args.workdir, args.stage, methods, seeds)
+    log_timing(args.workdir, f"stage_{args.stage}", time.perf_counter() - t0)
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

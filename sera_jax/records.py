@@ -1,0 +1,60 @@
+"""Run records on disk: JSON written atomically, JSONL appended and read kill-tolerantly.
+
+Experiment binaries log metrics and evaluations here; a run killed mid-write leaves at most
+a torn last JSONL line, which readers drop, so a restarted command resumes cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+
+def append_jsonl(path: str, record: dict[str, Any]) -> None:
+    """Append one JSON record as a line."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    """Records of a JSONL file ([] when missing; a torn last line from a kill is dropped)."""
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return out
+
+
+def write_jsonl(path: str, records: list[dict[str, Any]]) -> None:
+    """Replace a JSONL file atomically (write to a temporary file, then rename)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    os.replace(tmp, path)
+
+
+def write_json(path: str, obj: Any) -> None:
+    """Write JSON atomically, so a reader never sees half a file."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+def log_timing(workdir: str, what: str, seconds: float) -> None:
+    """Append a wall-time record to `<workdir>/timings.jsonl`."""
+    append_jsonl(os.path.join(workdir, "timings.jsonl"),
+                 {"what": what, "seconds": round(seconds, 2), "utc": time.time()})
