@@ -29,7 +29,6 @@ train.jsonl,config.json}`, `results/`, `timings.jsonl`.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import sys
@@ -55,6 +54,7 @@ from sera_jax.records import (
     read_json,
     read_jsonl,
     write_json,
+    write_jsonl,
 )
 from sera_jax.rl import evaluate as eval_lib
 from sera_jax.rl import trainer as trainer_lib
@@ -281,12 +281,12 @@ def stage_rl(cfg, workdir: str, method: str, model: Decoder, task: MathTask, mes
     step = 0
     if ckpt.latest_step() is not None:
         state, meta = ckpt.restore(trainer.abstract_state(state))
+        trainer_lib.check_resume_config(meta, rl_cfg, ckpt.directory)
         step = int(meta["step"])
         logging.info("%s: resumed at step %d", method, step)
     # Steps after the last checkpoint are redone: drop their records.
     records = [r for r in read_jsonl(train_path) if r["step"] <= step]
-    with open(train_path, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
+    write_jsonl(train_path, records)
     tokens = sum(r["generated_tokens"] for r in records)
     writer = trainer_lib.MetricWriter(os.path.join(out, "tensorboard"), rl_cfg.log_every)
     t0, done_here = time.perf_counter(), 0

@@ -232,6 +232,7 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
     step = 0
     if ckpt.latest_step() is not None:
         state, meta = ckpt.restore(trainer.abstract_state(state))
+        trainer_lib.check_resume_config(meta, rl_cfg, ckpt.directory)
         step = int(meta["step"])
         logging.info("%s seed %d: resumed at step %d", method, seed, step)
     for path in (train_path, eval_path):

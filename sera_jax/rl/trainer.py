@@ -547,6 +547,41 @@ def checkpoint_meta(config: ml_collections.ConfigDict, state: TrainState) -> dic
             "cursor": int(shd.to_host(state.cursor)), "config": json.loads(config.to_json())}
 
 
+#: Config fields that may change when a run is resumed (how long and how often, not what).
+RESUMABLE_FIELDS = ("num_steps", "log_every", "checkpoint_every", "max_checkpoints_to_keep",
+                    "multihost")
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_resume_config(meta: Mapping[str, Any], config: ml_collections.ConfigDict,
+                        directory: str) -> None:
+    """Refuse to continue a checkpoint written under different hyperparameters.
+
+    A resumed run must be the run that was interrupted: silently continuing it with, say, a
+    new learning rate would mix two experiments in one curve. Only `RESUMABLE_FIELDS` may
+    differ. Raises `CheckpointError` listing each changed field (stored -> current).
+    """
+    stored = _flatten(meta.get("config", {}))
+    current = _flatten(json.loads(config.to_json()))
+    changed = sorted(
+        k for k in set(stored) | set(current)
+        if k.split(".")[0] not in RESUMABLE_FIELDS and stored.get(k) != current.get(k))
+    if changed:
+        detail = "; ".join(f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in changed)
+        raise ckpt_lib.CheckpointError(
+            f"the checkpoint in {directory} was written with a different config ({detail}). "
+            "Resume with the original values, or start the changed run in a new workdir.")
+
+
 class MetricWriter:
     """TensorBoard scalars (tensorboardX, process 0 only) plus a periodic log line."""
 
@@ -603,6 +638,7 @@ def run(
                                          max_to_keep=config.max_checkpoints_to_keep)
     if checkpointer.latest_step() is not None:
         state, meta = checkpointer.restore(trainer.abstract_state(state))
+        check_resume_config(meta, config, checkpointer.directory)
         logging.info("resumed from %s at step %d (epoch %d, cursor %d)",
                      checkpointer.directory, meta["step"], meta["epoch"], meta["cursor"])
     writer = MetricWriter(os.path.join(workdir, "tensorboard"), config.log_every)
