@@ -411,7 +411,9 @@ class Trainer:
         for start in range(0, prompt_tokens.shape[0], self.sample_rows):
             sl = slice(start, start + self.sample_rows)
             toks, mask = shd.shard_batch((prompt_tokens[sl], prompt_mask[sl]), self.mesh)
-            outs.append(generate(model, toks, mask, None, self.sampling, row_keys=keys[sl]))
+            # Under the mesh context the decoder pins activations to the batch sharding.
+            with jax.set_mesh(self.mesh):
+                outs.append(generate(model, toks, mask, None, self.sampling, row_keys=keys[sl]))
         if len(outs) == 1:
             return outs[0]
         return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *outs)
@@ -480,8 +482,9 @@ class Trainer:
         """
         t0 = time.perf_counter()
         rollouts, history, key = self.collect(state)
-        params, opt_state, train_metrics = self._train_step(
-            state.params, state.opt_state, self.device_batch(rollouts))
+        with jax.set_mesh(self.mesh):
+            params, opt_state, train_metrics = self._train_step(
+                state.params, state.opt_state, self.device_batch(rollouts))
         history = history_lib.update_from_rollouts(
             history, jnp.asarray(rollouts.prompt_ids), jnp.asarray(rollouts.segment_ids),
             jnp.asarray(rollouts.rewards))
