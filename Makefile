@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 WORKDIR ?= workdir
 
-.PHONY: venv demo allocation-demo test test-all lint bench smollm2 hf-deps clean
+.PHONY: venv demo allocation-demo test test-slow test-all lint bench smollm2 hf-deps clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,12 +24,17 @@ demo: $(STAMP)
 allocation-demo: $(STAMP)
 	$(PY) -m experiments.allocation_demo --workdir=$(WORKDIR)/allocation_demo
 
+# Two workers: the suite is dominated by XLA compiles, which are single-threaded.
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -n 2 -m "not slow" tests
+
+# The long checks (embedded SmolLM2, two-process trainer, a million prompts, ...).
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m slow tests
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 tests
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
