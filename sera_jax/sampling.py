@@ -132,16 +132,41 @@ def filter_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
     k = config.top_k if 0 < config.top_k < vocab else 0
     if k == 0 and config.top_p >= 1.0:
         return logits
-    # Only the top max(k, ...) values are ever needed; a full sort only when top-p runs
-    # without top-k (lax.top_k with k = V is the sort).
+    if k == 0 and vocab > TOP_P_PREFIX:
+        # Top-p alone would sort the whole vocabulary every step (49k for SmolLM2). The nucleus
+        # almost always lies in the top TOP_P_PREFIX tokens: use them when they hold at least
+        # top_p of the mass in every row (the result is then the same), else sort it all.
+        prefix, _ = jax.lax.top_k(logits, TOP_P_PREFIX)
+        log_z = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+        covered = jnp.all(jnp.sum(jnp.exp(prefix - log_z), axis=-1) >= config.top_p)
+        threshold = jax.lax.cond(
+            covered,
+            lambda: _top_p_threshold(prefix, log_z, config.top_p),
+            lambda: _top_p_threshold(jax.lax.top_k(logits, vocab)[0], log_z, config.top_p))
+        return jnp.where(logits < threshold, _NEG_INF, logits)
     top_vals, _ = jax.lax.top_k(logits, k if k else vocab)
     threshold = top_vals[..., -1:]
     if config.top_p < 1.0:
-        probs = jax.nn.softmax(top_vals, axis=-1)  # renormalised over the top-k survivors
-        mass_before = jnp.cumsum(probs, axis=-1) - probs
-        num_kept = jnp.sum(mass_before < config.top_p, axis=-1, keepdims=True)  # >= 1
-        threshold = jnp.take_along_axis(top_vals, num_kept - 1, axis=-1)
+        # Renormalised over the top-k survivors (all of the vocabulary when k == 0).
+        log_z = jax.nn.logsumexp(top_vals, axis=-1, keepdims=True)
+        threshold = _top_p_threshold(top_vals, log_z, config.top_p)
     return jnp.where(logits < threshold, _NEG_INF, logits)
+
+
+#: Candidates examined before falling back to a full sort for top-p without top-k.
+TOP_P_PREFIX = 1024
+
+
+def _top_p_threshold(sorted_vals: jax.Array, log_z: jax.Array, top_p: float) -> jax.Array:
+    """Smallest kept logit: keep a token while the mass of strictly more likely ones < top_p.
+
+    `sorted_vals` are the largest logits in descending order (a prefix of them is enough when
+    it holds top_p of the mass); `log_z` is the log normaliser of the distribution.
+    """
+    probs = jnp.exp(sorted_vals - log_z)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    num_kept = jnp.sum(mass_before < top_p, axis=-1, keepdims=True)  # >= 1
+    return jnp.take_along_axis(sorted_vals, num_kept - 1, axis=-1)
 
 
 def sample_tokens(

@@ -18,6 +18,7 @@ from sera_jax.models.decoder import (
     token_logprobs,
 )
 from sera_jax.sampling import (
+    TOP_P_PREFIX,
     SamplingConfig,
     expand_prompts,
     filter_logits,
@@ -90,6 +91,20 @@ def test_filter_logits_matches_reference(temperature, top_k, top_p):
         np.testing.assert_allclose(got[row][finite], want[finite], rtol=1e-6)
     if top_k:
         assert (np.isfinite(got).sum(-1) <= top_k).all()
+
+
+@pytest.mark.parametrize("scale", [8.0, 0.05])  # peaked: prefix holds top_p; flat: full sort
+def test_top_p_on_a_large_vocabulary_matches_reference(scale):
+    vocab = 3 * TOP_P_PREFIX
+    logits = np.asarray(jax.random.normal(jax.random.key(2), (4, vocab))) * scale
+    cfg = SamplingConfig(max_new_tokens=1, top_p=0.9)
+    got = np.asarray(filter_logits(jnp.asarray(logits), cfg))
+    kept = np.isfinite(got).sum(-1)
+    # Both branches are exercised: a peaked row keeps few tokens, a flat row more than the prefix.
+    assert (kept < TOP_P_PREFIX).all() if scale > 1 else (kept > TOP_P_PREFIX).all()
+    for row in range(4):
+        want = _reference_filter(logits[row], 1.0, 0, 0.9)
+        np.testing.assert_array_equal(np.isinf(got[row]), np.isinf(want))
 
 
 def test_sample_frequencies_follow_filtered_distribution():
