@@ -162,16 +162,11 @@ def test_task_prompts_scores_and_answers(policy_dir):
 @pytest.mark.parametrize("name", ["cpu", "smollm2_360m_gsm8k", "qwen25_math_1p5b",
                                   "qwen3_4b_polaris"])
 def test_configs_are_valid(name):
-    import importlib.util
-
+    from sera_jax import config_files
     from sera_jax.rl import config as rl_config
 
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "math",
-                        f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"math_config_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cfg = module.get_config()
+    cfg = config_files.get_config(os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                                               "configs", "math", f"{name}.py"))
     for method in mr.parse_methods(cfg.compare.methods):
         rl_config.validate(mr.method_config(cfg, method))
     if cfg.task.source == "files":  # paper configs: the data paths are the user's to give

@@ -1,7 +1,6 @@
 """End-to-end maze experiment on 5x5 mazes with a tiny policy: SFT -> RL (uniform, SERA)
 -> eval; files written; killing mid-RL and re-running continues the run exactly."""
 
-import importlib.util
 import json
 import os
 
@@ -9,16 +8,13 @@ import numpy as np
 import pytest
 
 from experiments import maze as exp
+from sera_jax import config_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_config(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", "maze",
-                                                                     f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config()
+    return config_files.get_config(os.path.join(ROOT, "configs", "maze", f"{name}.py"))
 
 
 def test_configs_are_consistent():

@@ -60,15 +60,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.mesh.data = -1
 
     # Methods (overrides of `rl`); `compare.methods` selects which ones the binary runs.
-    c.methods = ml_collections.ConfigDict()
-    c.methods.uniform = ml_collections.ConfigDict({"allocation": {"name": "uniform"}})
-    c.methods.sera = ml_collections.ConfigDict(
-        {"allocation": {"name": "sera", "mode": "dynamic", "multiplicity": True}})
-    c.methods.inverse_p = ml_collections.ConfigDict({"allocation": {"name": "inverse_p"}})
-    c.methods.knapsack = ml_collections.ConfigDict({"allocation": {"name": "knapsack"}})
-    c.methods.hit_utility = ml_collections.ConfigDict({"allocation": {"name": "hit_utility"}})
-    c.methods.grpo = ml_collections.ConfigDict(
-        {"allocation": {"name": "uniform"}, "estimator": "grpo"})
+    c.methods = rl_config.comparison_methods()
     c.compare = ml_collections.ConfigDict()
     c.compare.methods = "sera"
 

@@ -15,15 +15,12 @@ Data: MATH-style files (`problem` and `answer` or `solution` with \\boxed{}, `le
 "Level 3"), JSONL or Parquet; training keeps levels 3-5 (`task.train_levels`).
 """
 
-import importlib.util
-import os
-
 import ml_collections
 
-_spec = importlib.util.spec_from_file_location(
-    "math_cpu_config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu.py"))
-cpu = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cpu)
+from sera_jax import config_files
+
+# Config files are loaded by path, not as a package: extend the sibling by path too.
+cpu = config_files.sibling(__file__, "cpu.py")
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -12,16 +12,12 @@ the mesh (tensor parallel over 4 devices, ZeRO-3 over fsdp).
 POLARIS rows have `problem` and `answer` (MATH-style loader).
 """
 
-import importlib.util
-import os
-
 import ml_collections
 
-_spec = importlib.util.spec_from_file_location(
-    "math_qwen25_config",
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "qwen25_math_1p5b.py"))
-qwen25 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(qwen25)
+from sera_jax import config_files
+
+# Config files are loaded by path, not as a package: extend the sibling by path too.
+qwen25 = config_files.sibling(__file__, "qwen25_math_1p5b.py")
 
 
 def get_config() -> ml_collections.ConfigDict:

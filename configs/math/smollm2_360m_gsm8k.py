@@ -20,15 +20,12 @@ tokenizer_config.json); the data files are GSM8K-style (`question`, `answer` wit
 '#### <answer>'), JSONL or Parquet. Multi-host: `--config.rl.multihost.enabled=True`.
 """
 
-import importlib.util
-import os
-
 import ml_collections
 
-_spec = importlib.util.spec_from_file_location(
-    "math_cpu_config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu.py"))
-cpu = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cpu)
+from sera_jax import config_files
+
+# Config files are loaded by path, not as a package: extend the sibling by path too.
+cpu = config_files.sibling(__file__, "cpu.py")
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -55,19 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.mesh.data = -1
 
     # Methods compared by the `rl`/`eval`/`all` stages: name -> overrides of `rl`.
-    c.methods = ml_collections.ConfigDict()
-    c.methods.uniform = ml_collections.ConfigDict({"allocation": {"name": "uniform"}})
-    c.methods.sera = ml_collections.ConfigDict(
-        {"allocation": {"name": "sera", "mode": "dynamic", "multiplicity": True}})
-    # For reference (not in the default comparison): SERA ablations, peer allocators, GRPO.
-    c.methods.sera_no_multiplicity = ml_collections.ConfigDict(
-        {"allocation": {"name": "sera", "mode": "dynamic", "multiplicity": False}})
-    c.methods.sera_equalized = ml_collections.ConfigDict(
-        {"allocation": {"name": "sera", "mode": "equalized", "multiplicity": True}})
-    for peer in ("inverse_p", "knapsack", "hit_utility"):
-        c.methods[peer] = ml_collections.ConfigDict({"allocation": {"name": peer}})
-    c.methods.grpo = ml_collections.ConfigDict(
-        {"allocation": {"name": "uniform"}, "estimator": "grpo"})
+    c.methods = rl_config.comparison_methods()
     c.compare = ml_collections.ConfigDict()
     c.compare.methods = "uniform,sera"
     c.compare.seeds = "0,1,2"

@@ -5,15 +5,12 @@ per held-out maze. Sized for an accelerator pod: set `rl.mesh` to the slice, e.g
 `--config.rl.mesh.data=-1 --config.rl.mesh.fsdp=4`.
 """
 
-import importlib.util
-import os
-
 import ml_collections
 
-_spec = importlib.util.spec_from_file_location(
-    "maze_cpu_config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu.py"))
-cpu = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cpu)
+from sera_jax import config_files
+
+# Config files are loaded by path, not as a package: extend the sibling by path too.
+cpu = config_files.sibling(__file__, "cpu.py")
 
 
 def get_config() -> ml_collections.ConfigDict:

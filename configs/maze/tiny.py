@@ -2,16 +2,12 @@
 3 SFT steps and 3 RL steps of 2 prompts x N0 4 per method (8 rollouts: one per forced CPU
 device)."""
 
-import importlib.util
-import os
-
 import ml_collections
 
-# Load the sibling config by path: config files are loaded by path, not as a package.
-_spec = importlib.util.spec_from_file_location(
-    "maze_cpu_config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu.py"))
-cpu = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cpu)
+from sera_jax import config_files
+
+# Config files are loaded by path, not as a package: extend the sibling by path too.
+cpu = config_files.sibling(__file__, "cpu.py")
 
 
 def get_config() -> ml_collections.ConfigDict:

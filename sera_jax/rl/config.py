@@ -148,3 +148,21 @@ def validate(config: ml_collections.ConfigDict) -> None:
 def budget(config: ml_collections.ConfigDict) -> int:
     """Rollouts per step B = P * N0 (spent exactly by every allocator)."""
     return int(config.prompts_per_step * config.rollouts_per_prompt)
+
+
+def comparison_methods() -> ml_collections.ConfigDict:
+    """The methods an experiment can compare: name -> overrides of the trainer config.
+
+    `uniform` is plain MaxRL (N0 each); `sera` is the published recipe (dynamic active set +
+    multiplicity correction); then SERA's ablations, the peer allocators, and GRPO.
+    """
+    m = ml_collections.ConfigDict()
+    m.uniform = {"allocation": {"name": "uniform"}}
+    m.sera = {"allocation": {"name": "sera", "mode": "dynamic", "multiplicity": True}}
+    m.sera_no_multiplicity = {
+        "allocation": {"name": "sera", "mode": "dynamic", "multiplicity": False}}
+    m.sera_equalized = {"allocation": {"name": "sera", "mode": "equalized", "multiplicity": True}}
+    for peer in ("inverse_p", "knapsack", "hit_utility"):
+        m[peer] = {"allocation": {"name": peer}}
+    m.grpo = {"allocation": {"name": "uniform"}, "estimator": "grpo"}
+    return m

@@ -2,24 +2,21 @@
 the ImageNet/ResNet config on tfds mock data with a tiny ResNet."""
 
 import csv
-import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
 
+from sera_jax import config_files
 from sera_jax.vision import study
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _config(name):
-    spec = importlib.util.spec_from_file_location(
-        name, os.path.join(ROOT, "configs", "gradient_alignment", f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config()
+    return config_files.get_config(os.path.join(ROOT, "configs", "gradient_alignment",
+                                                f"{name}.py"))
 
 
 def _flat_keys(c, prefix=""):
