@@ -21,15 +21,22 @@ How it is computed (all under one ``jax.jit`` per static configuration, O(P) mem
   brute-force tests check it), i.e. the ``B - Σ n_min`` single-rollout "units" with the
   lowest levels. They are found as a second waterline on integer levels: prompt q holds
   ``floor(s + exp(v - a_q)) + 1`` rollouts at level v, and the threshold v is searched
-  (interpolation + bisection on the float bits, no sort) inside ``[t* - log 2, t*]``.
-  Near-ties (within ``64 ulp``) go to the prompt with fewer rollouts, whose next rollout
+  (secant steps in exp(v), bisection as the safeguard, no sort) inside ``[t* - log 2, t*]``.
+  Near-ties (within ``4 ulp``) go to the prompt with fewer rollouts, whose next rollout
   raises κ most, then to the lower index. (Floor-then-top-up is *not* exact: a prompt
   clipped at ``n_max`` may have to give a rollout back.)
 * **Active set [paper].** The top-k prompts by the mixed-group probability
-  ``u(p, n_max)`` share the budget; k is found by a jit ``while_loop`` binary search, each
-  candidate evaluated with masks over static shapes and warm-started from the previous
-  waterline. The ranking reproduces the paper's float64 one, ties included (u is
-  quantised to multiples of 2**-53 near 1, tied prompts keep index order).
+  ``u(p, n_max)`` share the budget, k the largest for which every active prompt keeps
+  ``u(p, N_q) >= θ``. The paper bisects k, allocating every candidate. Here a window for k
+  is predicted without allocating (a set is feasible when the units below its highest
+  required level fit in the budget -- two cheap passes per threshold step), then k is
+  bisected inside the window with full allocations (usually 2-4), galloping outwards if
+  the window was wrong, so the result is the bisection's for either rounding. The ranking
+  reproduces the paper's float64 one, ties included (u is quantised to multiples of 2**-53
+  near 1, tied prompts keep index order).
+* **Passes.** Each step of every search is one pass over P; sums and integer min/max
+  share one variadic reduce (see ``_reduce``), selection by index uses a 32-ary tree of
+  partial sums (no cumsum, no sort).
 * **Paper rounding.** Floor, then +1 for the prompts with the smallest change of
   ``(κ(N) - κ*)^2``, ties by index -- evaluated as ``expm1(τ* - L)^2`` (the common factor
   ``exp(-2τ*)`` dropped) so it does not saturate when ``κ*`` rounds to 1; a float64
@@ -135,78 +142,165 @@ def _from_ordered_uint(u: Array, dtype) -> Array:
     return lax.bitcast_convert_type(jnp.where(u >= top, u ^ top, ~u), dtype)
 
 
-def _search(total, target, lo, hi, dtype=None):
-    """Smallest unsigned ``v`` in ``(lo, hi]`` with ``total(v) >= target`` for a
-    nondecreasing step function ``total``, given ``total(lo) < target <= total(hi)``.
+def _reduce(ops: tuple[Array, ...], kinds: str) -> tuple[Array, ...]:
+    """Reduce every operand over axis 0 in ONE pass; ``kinds[i]`` is ``+``, ``<`` (min) or
+    ``>`` (max).
 
-    Steps interpolate ``total`` linearly between the bracket ends (in the float values when
-    ``dtype`` says ``v`` is ``_ordered_uint`` of a float), which ends after a handful of
-    passes on smooth data; a step that fails to halve the bracket is followed by a bisection
-    of the bits, which bounds the search by 2·bits passes. Stops early when
-    ``total(hi) == target``.
+    One variadic reduce reads the fused producers once. On XLA:CPU this is much cheaper
+    per pass than ``jnp.sum``/``min``/``max``: each of those is its own loop, integer sums
+    become a tree of reduce-windows and float ones an external (YNN) kernel with a jittery
+    thread hand-off. Float min/max go through :func:`_ordered_uint` (the NaN-propagating
+    float min/max is not vectorised there: 50x slower); a single operand gets an int8
+    companion so that it stays a variadic reduce.
     """
-    def body(c):
-        lo, hi, clo, chi, bisect, _ = c
-        frac = (target - clo).astype(jnp.float32) / jnp.maximum(chi - clo, 1).astype(jnp.float32)
+    fns = {"+": lax.add, "<": lax.min, ">": lax.max}
+    dtypes = [x.dtype for x in ops]
+    floats = [k != "+" and jnp.issubdtype(d, jnp.floating) for d, k in zip(dtypes, kinds)]
+    ops = [_ordered_uint(x) if f else x for x, f in zip(ops, floats, strict=True)]
+    kinds = list(kinds)
+    if len(ops) == 1:
+        ops.append(jnp.zeros(ops[0].shape, jnp.int8))
+        kinds.append("+")
+
+    def identity(dtype, kind):
+        if kind == "+":
+            return jnp.zeros((), dtype)
+        info = jnp.iinfo(dtype)
+        return jnp.asarray(info.max if kind == "<" else info.min, dtype)
+
+    inits = tuple(identity(x.dtype, k) for x, k in zip(ops, kinds, strict=True))
+    out = lax.reduce(tuple(ops), inits,
+                     lambda u, v: tuple(fns[k](a, b) for k, a, b in zip(kinds, u, v)), (0,))
+    return tuple(_from_ordered_uint(y, d) if f else y
+                 for y, f, d in zip(out, floats, dtypes))
+
+
+def _sum(x: Array) -> Array:
+    """``Σ x`` over axis 0 as one variadic reduce (see :func:`_reduce`)."""
+    return _reduce((x,), "+")[0]
+
+
+def _any(x: Array) -> Array:
+    return _reduce((x.astype(jnp.int32),), ">")[0] > 0
+
+
+def _search(total, target, lo, hi, dtype=None, ends=None, warp=None):
+    """Smallest ``v`` in ``(lo, hi]`` (unsigned or int keys) with ``total(v) >= target`` for
+    a nondecreasing step function ``total``, given ``total(lo) < target <= total(hi)``.
+
+    Steps take the secant through the last two probes (at first the bracket ends), in the
+    float values when ``dtype`` says ``v`` is ``_ordered_uint`` of a float (in ``f`` of them
+    with ``warp = (f, f_inv)``, where ``total`` is closer to linear), falling back to the
+    bracket ends when the secant leaves the bracket. That ends after a handful of passes on
+    smooth data; a step that fails to halve the residual ``|total - target|`` of the end it
+    moved is followed by a bisection, so the search takes at most about
+    ``2·(bits + log2(total(hi) - total(lo)))`` passes. Stops early when
+    ``total(hi) == target``. ``ends = (total(lo), total(hi))`` when already known.
+    """
+    f, f_inv = warp if warp is not None else (lambda x: x, lambda y: y)
+
+    def line(a, ca, b, cb, lo, hi):
+        """Key where the line through (a, ca), (b, cb) reaches ``target``, and whether it is
+        usable (strictly inside ``(lo, hi)``)."""
+        flat = cb == ca
+        t = (target - ca).astype(jnp.float32) / jnp.where(flat, 1, cb - ca).astype(jnp.float32)
         if dtype is not None:
-            flo, fhi = _from_ordered_uint(lo, dtype), _from_ordered_uint(hi, dtype)
-            guess = _ordered_uint(flo + (fhi - flo) * frac.astype(dtype))
-            interp = jnp.isfinite(fhi - flo)
+            fa, fb = f(_from_ordered_uint(a, dtype)), f(_from_ordered_uint(b, dtype))
+            x = f_inv(fa + (fb - fa) * t.astype(dtype))
+            g = _ordered_uint(jnp.where(jnp.isfinite(x), x, 0.0))
+            usable = jnp.isfinite(x) & jnp.isfinite(fb - fa)
+            # A step below one ulp rounds onto the end it started from: still usable (the
+            # clip below moves it one key inwards).
         else:
-            guess = lo + ((hi - lo).astype(jnp.float32) * frac).astype(lo.dtype)
-            interp = True
+            # Offsets from a, in the key's own integer type (b - a may be negative).
+            up = b >= a
+            d = jnp.where(up, b - a, a - b).astype(jnp.float32)
+            step = jnp.abs(t) * d
+            forward = up == (t >= 0)
+            room = jnp.where(forward, hi - a, a - lo).astype(jnp.float32)
+            s = jnp.minimum(jnp.round(step), room).astype(a.dtype)
+            g = jnp.where(forward, a + s, a - s)
+            usable = jnp.isfinite(step)
+        return g, usable & ~flat & (g >= lo) & (g <= hi)
+
+    def body(c):
+        lo, hi, clo, chi, bisect, _, px, pc, lx, lc = c
+        g_sec, ok_sec = line(px, pc, lx, lc, lo, hi)
+        g_rf, ok_rf = line(lo, clo, hi, chi, lo, hi)
         half = lo + (hi - lo) // 2
-        mid = jnp.where(interp & ~bisect, jnp.clip(guess, lo + 1, hi - 1), half)
+        mid = jnp.where(bisect, half, jnp.where(ok_sec, g_sec, jnp.where(ok_rf, g_rf, half)))
+        mid = jnp.clip(mid, lo + 1, hi - 1)
         cm = total(mid)
         ok = cm >= target
         lo2, hi2 = jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
-        slow = (hi2 - lo2) > (hi - lo) // 2  # the interpolation did not halve the bracket
+        # Progress is the residual of the end that moved, not the bracket width.
+        slow = jnp.where(ok, 2 * (cm - target) > chi - target, 2 * (target - cm) > target - clo)
         return (lo2, hi2, jnp.where(ok, clo, cm), jnp.where(ok, cm, chi), slow & ~bisect,
-                cm == target)
+                cm == target, lx, lc, mid, cm)
 
-    init = (lo, hi, total(lo), total(hi), jnp.bool_(False), jnp.bool_(False))
+    clo, chi = (total(lo), total(hi)) if ends is None else ends
+    init = (lo, hi, clo, chi, jnp.bool_(False), jnp.bool_(False), lo, clo, hi, chi)
     return lax.while_loop(lambda c: (c[1] - c[0] > 1) & ~c[5], body, init)[1]
 
 
-def _kth_smallest(ukey: Array, mask: Array, k: Array, dtype=None) -> Array:
+def _kth_smallest(ukey: Array, mask: Array, k: Array) -> Array:
     """The k-th smallest ``ukey`` over ``mask`` (``1 <= k <= #mask``)."""
     big = jnp.asarray(jnp.iinfo(ukey.dtype).max, ukey.dtype)
-    vmin = jnp.min(jnp.where(mask, ukey, big))
-    vmax = jnp.max(jnp.where(mask, ukey, jnp.zeros_like(big)))
-    count = lambda v: jnp.sum(mask & (ukey <= v), dtype=jnp.int32)
-    first = count(vmin) >= k
-    hi = lax.cond(first, lambda: vmin,
-                  lambda: _search(count, k, vmin, jnp.maximum(vmax, vmin + 1), dtype))
-    return jnp.max(jnp.where(mask & (ukey <= hi), ukey, jnp.zeros_like(big)))
+    vmin, vmax = _reduce((jnp.where(mask, ukey, big), jnp.where(mask, ukey, jnp.zeros_like(big))),
+                         "<>")
+    count = lambda v: _sum((mask & (ukey <= v)).astype(jnp.int32))
+    c_min = count(vmin)
+    hi = lax.cond(c_min >= k, lambda: vmin,
+                  lambda: _search(count, k, vmin, jnp.maximum(vmax, vmin + 1),
+                                  ends=(c_min, _sum(mask.astype(jnp.int32)))))
+    return _reduce((jnp.where(mask & (ukey <= hi), ukey, jnp.zeros_like(big)),), ">")[0]
+
+
+def _kth_position(c: Array, k: Array) -> tuple[Array, Array]:
+    """For nonnegative int counts ``c``: the smallest j with ``Σ_{i<=j} c_i >= k`` and
+    ``Σ_{i<j} c_i``. A 32-ary tree of partial sums (one pass over ``c``, then a few tiny
+    32x32 prefix sums): XLA:CPU's cumsum is a reduce-window, slow even on 1,024 items."""
+    size = c.shape[0]
+    if size <= 32:
+        lower = jnp.arange(size)[None, :] < jnp.arange(size)[:, None]
+        before = jnp.sum(jnp.where(lower, c[None, :], 0), axis=1)
+        j = jnp.minimum(jnp.sum(before + c < k, dtype=jnp.int32), size - 1)
+        return j, before[j]
+    groups = -(-size // 32)
+    c = jnp.pad(c, (0, groups * 32 - size))
+    g, skipped = _kth_position(jnp.sum(c.reshape(groups, 32), axis=1), k)
+    j, inside = _kth_position(lax.dynamic_slice_in_dim(c, g * 32, 32), k - skipped)
+    return g * 32 + j, skipped + inside
 
 
 def _first_by_index(mask: Array, k: Array) -> Array:
     """The ``k`` lowest-index True entries of ``mask`` (``0 <= k <= #mask``)."""
-    idx = jnp.arange(mask.shape[0], dtype=jnp.uint32)
-    j = lax.cond(k > 0, lambda: _kth_smallest(idx, mask, jnp.maximum(k, 1)),
-                 lambda: jnp.uint32(0))
-    return mask & (idx <= j) & (k > 0)
+    def first():
+        last, _ = _kth_position(mask.astype(jnp.int32), k)
+        return mask & (jnp.arange(mask.shape[0], dtype=jnp.int32) <= last)
+
+    return lax.cond(k > 0, first, lambda: jnp.zeros_like(mask))
 
 
 def _select_smallest(key: Array, mask: Array, k: Array) -> Array:
     """Exactly ``min(k, #mask)`` entries of ``mask`` with the smallest ``key``, ties by index."""
-    k = jnp.clip(k, 0, jnp.sum(mask, dtype=jnp.int32))
+    k = jnp.clip(k, 0, _sum(mask.astype(jnp.int32)))
     key = jnp.where(mask, key, jnp.zeros_like(key))
 
     def select():
         u = _ordered_uint(key)
-        v = _kth_smallest(u, mask, k, key.dtype)
+        v = _kth_smallest(u, mask, k)
         below = mask & (u < v)
         tie = mask & (u == v)
-        need = k - jnp.sum(below, dtype=jnp.int32)
-        take = lax.cond(jnp.sum(tie, dtype=jnp.int32) == need, lambda: tie,
-                        lambda: _first_by_index(tie, need))
+        n_below, n_tie = _reduce((below.astype(jnp.int32), tie.astype(jnp.int32)), "++")
+        need = k - n_below
+        take = lax.cond(n_tie == need, lambda: tie, lambda: _first_by_index(tie, need))
         return below | take
 
     return lax.cond(k > 0, select, lambda: jnp.zeros_like(mask))
 
 
-def _select_units(count_fn, mask, budget, n_min, n_max, lo, hi, dtype, rel_tol):
+def _select_units(count_fn, mask, budget, n_min, n_max, lo, hi, dtype, rel_tol, warp=None):
     """Hand out ``K = B - Σ n_min`` single rollouts ("units" ``N -> N+1``) in increasing order
     of their keys (nondecreasing in N for every prompt): the K smallest unit keys.
 
@@ -218,33 +312,44 @@ def _select_units(count_fn, mask, budget, n_min, n_max, lo, hi, dtype, rel_tol):
     most, as leximin wants.
     """
     width = n_max - n_min
-    num = jnp.sum(mask, dtype=jnp.int32)
+    num = _sum(mask.astype(jnp.int32))
     kk = budget - n_min * num
     as_f = lambda u: _from_ordered_uint(u, dtype)
-    total = lambda u: jnp.sum(count_fn(as_f(u)))
+    total = lambda u: _sum(count_fn(as_f(u)))
 
     def solve():
         inf = jnp.asarray(jnp.inf, dtype)
-        lo2 = jnp.where(total(lo) < kk, lo, _ordered_uint(-inf))
-        hi2 = jnp.where(total(hi) >= kk, hi, _ordered_uint(inf))
-        hi3 = _search(total, kk, lo2, jnp.maximum(hi2, lo2 + 1), dtype)
+        c_lo, c_hi = total(lo), total(hi)
+        lo_ok, hi_ok = c_lo < kk, c_hi >= kk
+        lo2 = jnp.where(lo_ok, lo, _ordered_uint(-inf))
+        hi2 = jnp.where(hi_ok, hi, _ordered_uint(inf))
+        hi3 = _search(total, kk, lo2, jnp.maximum(hi2, lo2 + 1), dtype,
+                      ends=(jnp.where(lo_ok, c_lo, 0), jnp.where(hi_ok, c_hi, num * width)),
+                      warp=warp)
         # Now total(< hi3) < K <= total(hi3): widen to the tolerance band around hi3.
         vh = as_f(hi3)
         tol = jnp.where(jnp.isfinite(vh), rel_tol * jnp.maximum(jnp.abs(vh), 1.0), 0.0)
         lo_q = count_fn(jnp.where(tol > 0, vh - tol, as_f(hi3 - 1)))
         hi_q = count_fn(vh + tol)
-        need = kk - jnp.sum(lo_q)
-        # Tied units: level by level in N (fewest rollouts first), then by index.
-        upto_m = lambda m: jnp.sum(jnp.clip(jnp.minimum(hi_q, m.astype(jnp.int32) + 1) - lo_q,
-                                            0))
-        first_m = upto_m(jnp.uint32(0)) >= need
-        m = lax.cond(first_m, lambda: jnp.uint32(0),
-                     lambda: _search(upto_m, need, jnp.uint32(0),
-                                     jnp.maximum(width, 1).astype(jnp.uint32)))
-        m = m.astype(jnp.int32)
+        s_lo, s_hi = _reduce((lo_q, hi_q), "++")
+        # Usually the band holds exactly the units still needed: no tie to break.
+        return lax.cond(s_hi == kk, lambda: hi_q, lambda: break_ties(lo_q, hi_q, kk - s_lo))
+
+    def break_ties(lo_q, hi_q, need):
+        # Tied units: level by level in N (fewest rollouts first), then by index. Unit j of
+        # a prompt is in the band when lo_q <= j < hi_q; m is the smallest j whose band
+        # units, with all band units below j, cover `need`. (A scatter-add histogram over
+        # j was measured slower than this search on XLA:CPU.)
+        band = mask & (hi_q > lo_q)
+        m_lo, m_hi = _reduce((jnp.where(band, lo_q, width), jnp.where(band, hi_q - 1, 0)), "<>")
+        upto_m = lambda m: _sum(jnp.clip(jnp.minimum(hi_q, m + 1) - lo_q, 0))
+        top = jnp.maximum(m_hi, m_lo + 1)
+        c_lo = upto_m(m_lo)
+        m = lax.cond(c_lo >= need, lambda: m_lo,
+                     lambda: _search(upto_m, need, m_lo, top, ends=(c_lo, upto_m(top))))
         take = jnp.clip(jnp.minimum(hi_q, m) - lo_q, 0)
         tie = mask & (lo_q <= m) & (m < hi_q)
-        extra = _first_by_index(tie, need - jnp.sum(take))
+        extra = _first_by_index(tie, need - _sum(take))
         return lo_q + take + extra.astype(jnp.int32)
 
     taken = lax.cond(
@@ -256,7 +361,7 @@ def _select_units(count_fn, mask, budget, n_min, n_max, lo, hi, dtype, rel_tol):
 
 def _spread(mask: Array, budget: Array) -> Array:
     """Uniform split of ``budget`` over ``mask``: ``B // m`` each, +1 for the first ``B % m``."""
-    m = jnp.maximum(jnp.sum(mask, dtype=jnp.int32), 1)
+    m = jnp.maximum(_sum(mask.astype(jnp.int32)), 1)
     q = budget // m
     extra = _first_by_index(mask, budget - q * m)
     return jnp.where(mask, q + extra.astype(jnp.int32), 0)
@@ -279,28 +384,33 @@ def _waterline_log(
     dt = a.dtype
     if w is None:
         w = _inv_lambda(a)
-    k = jnp.sum(active, dtype=jnp.int32)
     c1 = jnp.log((n_min - shift).astype(dt))
     c2 = jnp.log((n_max - shift).astype(dt))
     inf = jnp.asarray(jnp.inf, dt)
-    t_lo = jnp.min(jnp.where(active, a + c1, inf))
-    t_hi = jnp.max(jnp.where(active, a + c2, -inf))
+    i32 = lambda m: m.astype(jnp.int32)
+    k, t_lo, t_hi, a_max = _reduce(
+        (i32(active), jnp.where(active, a + c1, inf), jnp.where(active, a + c2, -inf),
+         jnp.where(active, -a, -inf)), "+<>>")
 
-    def stats(t):
+    def pieces(t, exp_x):
+        """``(#at n_max, #at n_min, Σ_free exp(t - a))`` in one pass."""
         x = t - a
         hi = active & (x >= c2)
         lo = active & (x <= c1) & ~hi
         free = active & ~hi & ~lo
-        nhi = jnp.sum(hi, dtype=jnp.int32)
-        nlo = jnp.sum(lo, dtype=jnp.int32)
-        nfree = jnp.sum(free, dtype=jnp.int32)
+        return _reduce((i32(hi), i32(lo), jnp.where(free, exp_x(x), 0.0)), "+++")
+
+    def stats(t):
+        # exp(t - a) = exp(t) / λ: no transcendental per prompt while exp(-a) is exact.
+        nhi, nlo, s = lax.cond(
+            t > _FAST_T,
+            lambda: pieces(t, lambda x: w),
+            lambda: pieces(t, lambda x: jnp.exp(jnp.minimum(x, c2))),
+        )
+        s = jnp.where(t > _FAST_T, jnp.exp(t) * s, s)
+        nfree = k - nhi - nlo
         # Integer part in int32: float32 cannot hold budgets above 2**24 exactly.
         fixed = n_max * nhi + n_min * nlo + shift * nfree
-        s = lax.cond(
-            t > _FAST_T,
-            lambda: jnp.exp(t) * jnp.sum(jnp.where(free, w, 0.0)),
-            lambda: jnp.sum(jnp.where(free, jnp.exp(jnp.where(free, x, 0.0)), 0.0)),
-        )
         return budget - fixed, s, nhi, nlo
 
     def newton(t, r, s):
@@ -326,7 +436,7 @@ def _waterline_log(
         return lo2, hi2, t_next, nhi, nlo, use_n, done, result, it + 1
 
     # Start from the closed form with no bound active: τ = (B - sP) / Σ 1/λ.
-    lse = jax.nn.logsumexp(jnp.where(active, -a, -inf))
+    lse = a_max + jnp.log(_sum(jnp.where(active, jnp.exp(-a - a_max), 0.0)))
     t0 = jnp.log(jnp.maximum(budget - shift * k, 1).astype(dt)) - lse
     inside = (t0 > t_lo) & (t0 < t_hi)
     t0 = jnp.where(inside, t0, t_lo + (t_hi - t_lo) / 2)
@@ -346,13 +456,8 @@ def _waterline_log(
     # Polish: t - a_q loses eps·|a_q| to cancellation when λ is tiny (|a| ~ 100s), but for
     # the free prompts a_q is within log((n_max-s)/(n_min-s)) of t, so t - a_q is exact
     # (Sterbenz); re-solve the piece's linear equation for a small offset d on top of t.
-    x = jnp.where(active, t - a, 0.0)
-    hi = active & (x >= c2)
-    lo = active & (x <= c1) & ~hi
-    free = active & ~hi & ~lo
-    r = budget - (n_max * jnp.sum(hi, dtype=jnp.int32) + n_min * jnp.sum(lo, dtype=jnp.int32)
-                  + shift * jnp.sum(free, dtype=jnp.int32))
-    s = jnp.sum(jnp.where(free, jnp.exp(x), 0.0))
+    nhi, nlo, s = pieces(t, lambda x: jnp.exp(jnp.minimum(x, c2)))
+    r = budget - (n_max * nhi + n_min * nlo + shift * (k - nhi - nlo))
     ok = (s > 0) & (r > 0)
     d = jnp.where(ok, jnp.log(jnp.where(ok, r.astype(dt), 1.0)) - jnp.log(jnp.where(ok, s, 1.0)),
                   0.0)
@@ -400,31 +505,45 @@ def _level(n, a, shift):
     return jnp.log(jnp.maximum(n - shift, 1).astype(a.dtype)) + a
 
 
-def _leximin(a, active, budget, n_min, n_max, shift, t_c, w):
+def _units_below(v: Array, a: Array, active: Array, n_min: Array, n_max: Array, shift: int,
+                 ref: Array | None = None, w_ref: Array | None = None) -> Array:
+    """Per prompt, its units (rollouts beyond ``n_min``) with level ``log(N - s) + a_q <= v``:
+    ``clip(floor(s + exp(v - a_q)) + 1 - n_min, 0, n_max - n_min)``, nondecreasing in v.
+
+    With ``w_ref = exp(ref - a)`` given, ``exp(v - a) = exp(v - ref) · w_ref``: no
+    transcendental per prompt in a search whose levels stay near ``ref``.
+    """
+    if w_ref is None:
+        e = jnp.exp(jnp.where(active, jnp.minimum(v - a, 80.0), 0.0))
+    else:
+        # v = +inf (a search that lost its bracket) must count every unit, even where
+        # w_ref underflowed to 0.
+        e = jnp.where(v == jnp.inf, jnp.inf, jnp.exp(jnp.minimum(v - ref, 80.0)) * w_ref)
+    j = jnp.clip(jnp.floor(shift + e), n_min - 1, n_max - 1)
+    j = j.astype(jnp.int32) + 1 - n_min
+    return jnp.where(active, jnp.clip(j, 0, n_max - n_min), 0)
+
+
+def _leximin(a, active, budget, n_min, n_max, shift, t_c):
     """Exact leximin integers: the ``B - Σ n_min`` units with the lowest levels.
 
-    Prompt q's units with level ``log(N - s) + a_q <= v`` number
-    ``floor(s + exp(v - a_q)) + 1 - n_min`` (clipped to ``[0, n_max - n_min]``); counting
-    and ordering both go through this one monotone formula, so they agree exactly. The K-th
-    smallest level lies in ``[t_c - log 2, t_c]`` (``t_c`` the continuous waterline: at
-    ``t_c`` every prompt holds at least its continuous count, at ``t_c - log 2`` at most it),
-    so the search starts bracketed.
+    Counting and ordering both go through one monotone formula (:func:`_units_below`), so
+    they agree exactly. The K-th smallest level lies in ``[t_c - log 2, t_c]`` (``t_c`` the
+    continuous waterline: at ``t_c`` every prompt holds at least its continuous count, at
+    ``t_c - log 2`` at most it), so the search starts bracketed, and every level it visits
+    is within ``log 2`` of ``t_c``: ``exp(t_c - a_q)`` is computed once.
     """
     dt = a.dtype
-    width = n_max - n_min
-
-    fast = t_c > _FAST_T + 1.0  # one formula for the whole search keeps count monotone
-
-    def count(v):
-        e = lax.cond(fast, lambda: jnp.exp(jnp.minimum(v, 80.0)) * w,
-                     lambda: jnp.exp(jnp.where(active, jnp.minimum(v - a, 80.0), 0.0)))
-        j = jnp.clip(jnp.floor(shift + e), n_min - 1, n_max - 1)
-        j = j.astype(jnp.int32) + 1 - n_min
-        return jnp.where(active, jnp.clip(j, 0, width), 0)
-
+    ref = jnp.where(jnp.isfinite(t_c), t_c, 0.0)
+    # exp(80) already exceeds any n_max: the clamp only avoids inf * 0.
+    w_ref = jnp.exp(jnp.where(active, jnp.minimum(ref - a, 80.0), -jnp.inf))
+    count = lambda v: _units_below(v, a, active, n_min, n_max, shift, ref, w_ref)
     pad = 1e-4 * jnp.maximum(jnp.abs(t_c), 1.0)
+    # The unit count is about linear in exp(v): interpolate there.
+    warp = (lambda v: jnp.exp(jnp.clip(v - ref, -80.0, 80.0)), lambda y: ref + jnp.log(y))
     return _select_units(count, active, budget, n_min, n_max, _ordered_uint(t_c - np.log(2) - pad),
-                         _ordered_uint(t_c + pad), dt, rel_tol=64 * float(jnp.finfo(dt).eps))
+                         _ordered_uint(t_c + pad), dt, rel_tol=4 * float(jnp.finfo(dt).eps),
+                         warp=warp)
 
 
 def _equalize(a, active, budget, n_min, n_max, shift, rounding, t_guess=None, w=None):
@@ -433,7 +552,7 @@ def _equalize(a, active, budget, n_min, n_max, shift, rounding, t_guess=None, w=
     cont = _continuous_counts(a, active, t, n_min, n_max, shift)
     t = t[0] + t[1]
     if rounding == "leximin":
-        counts = _leximin(a, active, budget, n_min, n_max, shift, t, w)
+        counts = _leximin(a, active, budget, n_min, n_max, shift, t)
     else:
         # [paper] smallest change of (κ(N) - κ*)^2. With L = (N - s) λ,
         # κ(N) - κ* = -exp(-τ) expm1(τ - L): drop the common factor exp(-2τ), which keeps
@@ -446,13 +565,99 @@ def _equalize(a, active, budget, n_min, n_max, shift, rounding, t_guess=None, w=
     return counts, t
 
 
+def _required_counts(log_deg: Callable[[Array], Array], log_q: Array, lthr: Array,
+                     n_max: Array) -> Array:
+    """``m_q``: the fewest rollouts with ``log(1 - u(p_q, m)) <= lthr`` (``n_max + 1`` if none
+    in ``[1, n_max]``). ``1 - u >= q^m`` with ``q = max(p, 1 - p)``, so ``m >= lthr / log q``;
+    the other term ``min(p, 1-p)^m`` is tiny there, so stepping up from that bound (one
+    below, against rounding) ends after a step or two."""
+    # p in {0, 1} (log q = 0) is never mixed: the bound is +inf.
+    bound = jnp.where(log_q < 0, lthr / jnp.where(log_q < 0, log_q, -1.0), jnp.inf)
+    m = jnp.clip(jnp.floor(jnp.clip(bound, 0.0, 2.0**30)).astype(jnp.int32), 1, n_max + 1)
+    short = lambda m: (m <= n_max) & (log_deg(m.astype(lthr.dtype)) > lthr)
+
+    def body(m):
+        return m + short(m).astype(jnp.int32)
+
+    return lax.while_loop(lambda m: _any(short(m)), body, m)
+
+
+def _predict_k(a, seen, ukey, m_req, budget, n_min, n_max, shift):
+    """A window ``[k_safe, k_up]`` for the largest k whose top-k set (ascending ``ukey``, ties
+    by index) is feasible for the leximin allocation, found without allocating.
+
+    Let ``R_S = max_S log(m_q - 1 - s) + a_q`` be the highest required level of a set S and
+    ``need(S, v) = Σ_S (units_q(v) + n_min) - B``. If the units up to ``R_S`` fit in the
+    budget (``need(S, R_S) <= 0``) every required unit is handed out: S is feasible. If the
+    units strictly below ``R_S`` already fill it (``need(S, R_S^-) >= 0``) it is not. Only
+    near-ties at ``R_S`` (many prompts with one p, broken by index) fall in between.
+    ``need`` grows with S, so each bound is a threshold search over ``ukey`` (then over the
+    index inside the tie group at the boundary), two passes per step.
+    """
+    dt = a.dtype
+    inf = jnp.asarray(jnp.inf, dt)
+    lvl = _level(m_req - 1, a, shift)
+    req = jnp.where(m_req > n_max, inf, jnp.where(m_req > n_min, lvl, -inf))
+    tol = 64 * float(jnp.finfo(dt).eps)
+    w = _inv_lambda(a)
+    i32 = lambda m: m.astype(jnp.int32)
+
+    def need(mask, side):
+        (r,) = _reduce((jnp.where(mask, req, -inf),), ">")
+        v = r + side * tol * jnp.maximum(jnp.abs(r), 1.0)
+
+        def units(fast):
+            u = _units_below(v, a, mask, n_min, n_max, shift, *((0.0, w) if fast else ()))
+            return _reduce((u, i32(mask)), "++")
+
+        total, size = lax.cond(v > _FAST_T, lambda: units(True), lambda: units(False))
+        feasible = total + n_min * size - budget
+        # Sets holding a prompt that can never be mixed enough: positive, still monotone.
+        return jnp.where(r == inf, jnp.maximum(n_max * size - budget, 0) + 1, feasible)
+
+    idx = jnp.arange(seen.shape[0], dtype=jnp.int32)
+    big = jnp.asarray(jnp.iinfo(ukey.dtype).max, ukey.dtype)
+    n_seen, vmin, vmax = _reduce(
+        (i32(seen), jnp.where(seen, ukey, big), jnp.where(seen, ukey, jnp.zeros_like(big))),
+        "+<>")
+
+    def largest_below(side, target, v_lo):
+        """(largest k with need(top-k, side) < target, the ukey threshold it stopped at)."""
+
+        def boundary():
+            v = _search(lambda v: need(seen & (ukey <= v), side), target, v_lo, vmax)
+            base = seen & (ukey < v)
+            tie = seen & (ukey == v)
+            n_base, n_tie, i_min, i_max = _reduce(
+                (i32(base), i32(tie), jnp.where(tie, idx, seen.shape[0]),
+                 jnp.where(tie, idx, -1)), "++<>")
+            i = lax.cond(n_tie == 1, lambda: i_min,
+                         lambda: _search(lambda i: need(base | (tie & (idx <= i)), side), target,
+                                         i_min - 1, i_max))
+            return n_base + _sum((tie & (idx < i)).astype(jnp.int32)), v
+
+        return lax.cond(need(seen, side) < target, lambda: (n_seen, vmax), boundary)
+
+    k_safe, v_safe = largest_below(1.0, 1, vmin - 1)
+    # need(., R^-) <= need(., R): the second search starts where the first one stopped.
+    v_lo = jnp.where(need(seen & (ukey < v_safe), -2.0) < 0, v_safe - 1, vmin - 1)
+    k_up, _ = largest_below(-2.0, 0, v_lo)
+    return k_safe, jnp.maximum(k_up, k_safe)
+
+
 def _dynamic(p, a, seen, budget, n_min, n_max, shift, rounding, threshold):
-    """[paper] dynamic active set: the largest feasible top-k by ``u(p, n_max)``."""
+    """[paper] dynamic active set: the largest feasible top-k by ``u(p, n_max)``.
+
+    The paper binary-searches k, allocating every candidate. Here the answer is predicted
+    first (:func:`_predict_k`, no allocation) and then verified by allocating k and k + 1;
+    only when that fails (near-ties, paper rounding) does a bisection continue inside the
+    bracket the two allocations left, so the result is the paper's for any rounding.
+    """
     lthr = jnp.log1p(-threshold).astype(a.dtype)
     lp, l1p = jnp.log(p), jnp.log1p(-p)
     log_deg = lambda n: jnp.logaddexp(n * l1p, n * lp)  # log(1 - u(p, n)), see scaling
     ldeg = jnp.where(seen, log_deg(n_max.astype(a.dtype)), 0.0)
-    n_elig = jnp.sum(seen & (ldeg <= lthr), dtype=jnp.int32)
+    n_elig = _sum((seen & (ldeg <= lthr)).astype(jnp.int32))
     # [paper] ranks by u in float64, where u near 1 is quantised to 1 - j·2**-53 (u == 1
     # once 1 - u < 2**-54): prompts in one quantum tie and keep their index order. Ranking
     # by round(2**53 (1 - u)) reproduces that order in any float width.
@@ -461,33 +666,47 @@ def _dynamic(p, a, seen, budget, n_min, n_max, shift, rounding, threshold):
     k_lo = (budget + n_max - 1) // n_max
     k_hi = jnp.maximum(n_elig, k_lo)
 
+    m_req = _required_counts(log_deg, jnp.maximum(lp, l1p), lthr, n_max)
+    s_lo, s_hi = _predict_k(a, seen, _ordered_uint(score), m_req, budget, n_min, n_max, shift)
+    s_lo, s_hi = jnp.clip(s_lo, k_lo, k_hi), jnp.clip(s_hi, k_lo, k_hi)
     w = _inv_lambda(a)
 
     def evaluate(k, t_guess):
         act = _select_smallest(score, seen, k)  # top-k by score, ties by index
         counts, t = _equalize(a, act, budget, n_min, n_max, shift, rounding, t_guess, w)
-        ok = ~jnp.any(act & (log_deg(counts.astype(a.dtype)) > lthr))
+        ok = ~_any(act & (log_deg(counts.astype(a.dtype)) > lthr))
         return ok, (counts, act, t)
 
-    # Binary search for the largest feasible k in [k_lo, k_hi]; k_lo itself is evaluated
-    # first (it is the answer when nothing is feasible). One call site of `evaluate`; the
-    # allocation of the current `lo` is carried, so nothing is recomputed at the end, and
-    # each waterline starts from the previous one.
+    # Invariant: the answer is in [lo, hi]; lo is feasible, or lo == k_lo (the answer when
+    # nothing is feasible). Probes bisect the predicted window [s_lo, s_hi] first; if the
+    # answer turns out to lie outside, they gallop away from it (±1, 2, 4, ...) until one
+    # disagrees, then bisect [lo, hi]. Ends once the allocation of lo is in hand.
     def body(c):
-        lo, hi, started, best, t_last = c
-        k = jnp.where(started, lo + (hi - lo + 1) // 2, lo)
+        lo, hi, j, bisect, best_k, best, t_last = c
+        w_lo, w_hi = jnp.maximum(lo, s_lo - 1), jnp.minimum(hi, s_hi)
+        in_window = ~bisect & (w_lo < w_hi)
+        up = ~bisect & ~in_window & (lo >= w_hi)
+        down = ~bisect & ~in_window & ~up
+        step = jnp.left_shift(jnp.int32(1), jnp.minimum(j, 30))
+        k = jnp.where(in_window, w_lo + (w_hi - w_lo + 1) // 2,
+                      jnp.where(up, jnp.minimum(lo + step, hi),
+                                jnp.where(down, jnp.maximum(hi - step + 1, lo + 1),
+                                          lo + (hi - lo + 1) // 2)))
+        k = jnp.where(lo >= hi, lo, k)
         ok, alloc = evaluate(k, t_last)
-        keep = ok | ~started
-        best = jax.tree.map(lambda new, old: jnp.where(keep, new, old), alloc, best)
-        lo2 = jnp.where(started & ok, k, lo)
-        hi2 = jnp.where(started & ~ok, k - 1, hi)
-        return lo2, hi2, jnp.bool_(True), best, alloc[2]
+        take = ok | (k == lo)
+        best = jax.tree.map(lambda new, old: jnp.where(take, new, old), alloc, best)
+        lo2 = jnp.where(ok, jnp.maximum(lo, k), lo)
+        hi2 = jnp.where(ok, hi, jnp.maximum(jnp.minimum(hi, k - 1), lo))
+        galloped = up | down
+        return (lo2, hi2, j + galloped.astype(jnp.int32), bisect | (up & ~ok) | (down & ok),
+                jnp.where(take, k, best_k), best, alloc[2])
 
     nan = jnp.asarray(jnp.nan, a.dtype)
     empty = (jnp.zeros_like(seen, jnp.int32), jnp.zeros_like(seen), nan)
-    *_, best, _ = lax.while_loop(
-        lambda c: ~c[2] | (c[0] < c[1]), body, (k_lo, k_hi, jnp.bool_(False), empty, nan))
-    return best
+    init = (k_lo, k_hi, jnp.int32(0), jnp.bool_(False), jnp.int32(-1), empty, nan)
+    out = lax.while_loop(lambda c: (c[0] < c[1]) | (c[4] != c[0]), body, init)
+    return out[5]
 
 
 # ---------------------------------------------------------------------------------------
@@ -582,14 +801,20 @@ def _seen_rule(rule, rounding, p, seen, budget, n_min, n_max, shift, threshold, 
     raise ValueError(f"unknown rule {rule!r}")
 
 
+def _flush_subnormals(p: Array) -> Array:
+    """XLA flushes subnormals to zero on CPU but not everywhere: make it explicit."""
+    return jnp.where(jnp.abs(p) < jnp.finfo(p.dtype).tiny, jnp.zeros((), p.dtype), p)
+
+
 @functools.partial(jax.jit, static_argnames=("rule", "rounding", "shift", "unseen"))
 def _core(p, num, budget, n_min, n_max, threshold, alpha, beta, *, rule, rounding, shift,
           unseen):
+    p = _flush_subnormals(p)
     valid = jnp.arange(p.shape[0]) < num
     known = valid & ~jnp.isnan(p)
     hidden = valid & jnp.isnan(p)
-    n_valid = jnp.sum(valid, dtype=jnp.int32)
-    n_hidden = jnp.sum(hidden, dtype=jnp.int32)
+    n_hidden = _sum(hidden.astype(jnp.int32))
+    n_valid = jnp.asarray(num, jnp.int32)
     q = budget // n_valid
     r = budget - q * n_valid
     args = (p, known)
@@ -620,29 +845,32 @@ def _core(p, num, budget, n_min, n_max, threshold, alpha, beta, *, rule, roundin
     # Diagnostics.
     n0 = budget.astype(p.dtype) / n_valid.astype(p.dtype)
     weights = jnp.where(act, n0 / jnp.maximum(counts, 1).astype(p.dtype), 0.0)
-    kap = kappa(jnp.where(known, p, 0.0), counts, shift)
     have = act & known
-    nk = jnp.sum(have, dtype=jnp.int32)
-    na = jnp.sum(act, dtype=jnp.int32)
+    kap = kappa(jnp.where(known, p, 0.0), counts, shift)
+    i32 = lambda m: m.astype(jnp.int32)
+    k_min, k_sum, nk, na, at_min, at_max = _reduce(
+        (jnp.where(have, kap, jnp.inf), jnp.where(have, kap, 0.0), i32(have), i32(act),
+         i32(act & (counts == n_min)), i32(act & (counts == n_max))), "<+++++")
     nan = jnp.asarray(jnp.nan, p.dtype)
     tau = jnp.exp(t)
+    frac = lambda n: n.astype(p.dtype) / jnp.maximum(na, 1).astype(p.dtype)
     return Allocation(
         counts=counts,
         weights=weights,
         active=act,
         tau=tau,
         kappa_star=-jnp.expm1(-tau),
-        kappa_min=jnp.where(nk > 0, jnp.min(jnp.where(have, kap, jnp.inf)), nan),
-        kappa_mean=jnp.where(nk > 0, jnp.sum(jnp.where(have, kap, 0.0)) / jnp.maximum(nk, 1),
-                             nan),
-        frac_at_n_min=jnp.sum(act & (counts == n_min)) / jnp.maximum(na, 1),
-        frac_at_n_max=jnp.sum(act & (counts == n_max)) / jnp.maximum(na, 1),
+        kappa_min=jnp.where(nk > 0, k_min, nan),
+        kappa_mean=jnp.where(nk > 0, k_sum / jnp.maximum(nk, 1), nan),
+        frac_at_n_min=frac(at_min),
+        frac_at_n_max=frac(at_max),
         num_active=na,
     )
 
 
 @jax.jit
 def _waterline_core(p, num, budget, n_min, n_max, shift):
+    p = _flush_subnormals(p)
     valid = jnp.arange(p.shape[0]) < num
     a = jnp.clip(log_lambda(jnp.where(valid, p, 0.5)), _A_MIN, _A_MAX)
     t = _waterline_log(a, valid, budget, n_min, n_max, shift)
@@ -711,19 +939,20 @@ def _prepare(p, budget, n_min, n_max, shift, *, allow_nan: bool, threshold=None)
         if not (np.issubdtype(host.dtype, np.floating) or np.issubdtype(host.dtype, np.integer)
                 or host.dtype == bool):
             raise ValueError(f"p must be numeric, got dtype {host.dtype}")
-        nan = np.isnan(host) if np.issubdtype(host.dtype, np.floating) else None
-        if nan is not None and not allow_nan and nan.any():
-            raise ValueError(
-                f"p contains NaN (unseen prompts) at indices {np.flatnonzero(nan)[:8].tolist()};"
-                " allowed range is [0, 1] -- use unseen='fill' or 'fallback' to allocate them"
-            )
-        bad = (host < 0) | (host > 1)  # False for NaN, True for +-inf
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"p must lie in [0, 1], got p[{i}] = {host[i]!r}")
-        pa = host.astype(dtype)
-        # Subnormals are flushed to zero by XLA on CPU: make that explicit and portable.
-        pa[np.abs(pa) < np.finfo(dtype).tiny] = 0.0
+        # min/max propagate NaN: two fast reductions settle the common case.
+        if not (host.min() >= 0 and host.max() <= 1):
+            nan = np.isnan(host) if np.issubdtype(host.dtype, np.floating) else None
+            if nan is not None and not allow_nan and nan.any():
+                raise ValueError(
+                    f"p contains NaN (unseen prompts) at indices "
+                    f"{np.flatnonzero(nan)[:8].tolist()}; allowed range is [0, 1] -- use "
+                    "unseen='fill' or 'fallback' to allocate them"
+                )
+            bad = (host < 0) | (host > 1)  # False for NaN, True for +-inf
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise ValueError(f"p must lie in [0, 1], got p[{i}] = {host[i]!r}")
+        pa = host.astype(dtype, copy=False)
     num = pa.shape[0]
     if static(budget, n_min, n_max) and not num * n_min <= budget <= num * n_max:
         raise ValueError(
@@ -734,7 +963,7 @@ def _prepare(p, budget, n_min, n_max, shift, *, allow_nan: bool, threshold=None)
     if size > num:
         xp = jnp if _is_traced(pa) else np
         pa = xp.concatenate([pa, xp.full((size - num,), 0.5, dtype)])
-    p_pad = jnp.asarray(pa)
+    p_pad = pa  # a host array goes straight to the jitted call (one transfer)
     ints = [x if _is_traced(x) else np.int32(x) for x in (num, budget, n_min, n_max)]
     return p_pad, num, ints
 

@@ -265,6 +265,36 @@ def test_paper_mode_matches_published_numpy(seed):
         np.testing.assert_array_equal(np.asarray(ours.counts), ref)
 
 
+def _mixed_np(p, n):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return -np.expm1(np.logaddexp(n * np.log1p(-p), n * np.log(p)))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dynamic_k_is_the_largest_feasible(seed):
+    """The predicted-window search returns what bisecting k would: the top-k set (by
+    u(p, n_max), ties by index) is feasible and the top-(k+1) set is not. The batches are
+    tie-heavy (p drawn from a few values, as success histories give) and large enough
+    that the predicted window has several candidates."""
+    rng = np.random.default_rng(seed)
+    num, n_max, n_min = 256, 64, 2
+    values = np.concatenate([rng.beta(0.3, 0.3, 12), [1e-4, 0.999, 0.97, 0.01]])
+    p = p32(rng.choice(values, num) if seed % 2 else rng.beta(0.3, 0.3, num))
+    budget = num * int(rng.choice([8, 16, 32]))
+    alloc = allocate(p, budget, n_min=n_min, n_max=n_max)
+    counts = np.asarray(alloc.counts)
+    k = int(alloc.num_active)
+    order = np.argsort(-_mixed_np(p, n_max), kind="stable")
+    np.testing.assert_array_equal(np.sort(np.flatnonzero(counts)), np.sort(order[:k]))
+    assert np.all(_mixed_np(p[counts > 0], counts[counts > 0]) >= 0.05 * (1 - 1e-5))
+    n_elig = int(np.sum(_mixed_np(p, n_max) >= 0.05))
+    if k < max(n_elig, -(-budget // n_max)):
+        sub = order[: k + 1]
+        bigger = allocate(p[sub], budget, n_min=n_min, n_max=n_max, mode="equalized")
+        c = np.asarray(bigger.counts)
+        assert np.any(_mixed_np(p[sub], c) < 0.05), "top-(k+1) is feasible: k not largest"
+
+
 def test_dynamic_drops_degenerate_prompts():
     p = np.array([0.0, 1.0, 0.3, 0.6, 1e-9, 0.5, 0.999999, 0.2])
     alloc = allocate(p, 8 * 16, n_min=2, n_max=64)
