@@ -355,6 +355,7 @@ def _generate_jit(
         positions_from_mask(prompt_mask),
         cache=init_cache(cfg, num_prompts, width),
         attention_mask=prompt_mask,
+        last_only=True,  # left padding: every row's last prompt token is at W - 1
     )
     logits, mask = logits[:, -1], prompt_mask
     if segment_ids is not None:
@@ -363,8 +364,8 @@ def _generate_jit(
         cache = init_cache(cfg, batch, slots)
 
     def copy_prompt_kv(old, new):
-        # K/V leaves end in [B, S, Hkv, Dh] (a [L, ...] slab or one array per layer). A
-        # recycled (donated) buffer is overwritten in place; stale slots past W are invalid.
+        # K/V leaves are [B, ...] per layer (layouts in KVCache). A recycled (donated)
+        # buffer is overwritten in place; stale slots past W are invalid.
         if segment_ids is not None:
             new = jnp.take(new, segment_ids, axis=new.ndim - 4)
         return jax.lax.dynamic_update_slice(old, new.astype(old.dtype), (0,) * old.ndim)

@@ -113,8 +113,10 @@ class DecoderConfig:
 class KVCache:
     """Fixed-size key/value cache.
 
-    k, v: tuples of L arrays [B, S, Hkv, Dh], one per layer; valid: bool [B, S] (slot holds a
-    real token); index: int32 scalar, the next slot to write (the same for every row:
+    k: tuple of L arrays [B, Hkv, Dh, S] and v: tuple of L arrays [B, Hkv, S, Dh], one per
+    layer -- keys with the slot axis minor, so a decode step's q.k streams them along S
+    (3x faster on CPU than reducing a minor Dh); valid: bool [B, S] (slot holds a real
+    token); index: int32 scalar, the next slot to write (the same for every row:
     left-padded prompts make the batch share slot positions while their RoPE positions
     differ). One buffer per layer (not one [L, ...] slab) lets XLA update each layer's
     buffer in place; with a slab it copied the whole cache before every layer's write.
@@ -135,10 +137,10 @@ def init_cache(cfg: DecoderConfig, batch: int, max_len: int, dtype: Any = None) 
     if batch < 1 or max_len < 1:
         raise ValueError(f"init_cache: batch={batch}, max_len={max_len}; both must be >= 1")
     dtype = cfg.dtype if dtype is None else dtype
-    shape = (batch, max_len, cfg.num_kv_heads, cfg.resolved_head_dim)
+    hkv, dh = cfg.num_kv_heads, cfg.resolved_head_dim
     return KVCache(
-        k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
-        v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
+        k=tuple(jnp.zeros((batch, hkv, dh, max_len), dtype) for _ in range(cfg.num_layers)),
+        v=tuple(jnp.zeros((batch, hkv, max_len, dh), dtype) for _ in range(cfg.num_layers)),
         valid=jnp.zeros((batch, max_len), bool),
         index=jnp.zeros((), jnp.int32),
     )
@@ -249,8 +251,8 @@ class Attention(nnx.Module):
         """x: [B, T, D]; rope: `rope_tables` of the positions; mask: bool [B, T, S] (query t
         may attend key slot s).
 
-        With `cache_kv = (k, v)` (this layer's [B, S, Hkv, Dh] buffers) the new keys/values
-        are written at slots [index, index + T) and the updated buffers returned.
+        With `cache_kv = (k, v)` (this layer's buffers, layouts as in `KVCache`) the new
+        keys/values are written at slots [index, index + T) and the updated buffers returned.
         """
         cfg = self.cfg
         q = self._project(x, self.q_kernel, "q_bias")
@@ -261,11 +263,13 @@ class Attention(nnx.Module):
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
+        # Cache layouts (see KVCache): keys [B, Hkv, Dh, S], values [B, Hkv, S, Dh].
+        k = jnp.transpose(k, (0, 2, 3, 1))
+        v = jnp.transpose(v, (0, 2, 1, 3))
         if cache_kv is not None:
             k_buf, v_buf = cache_kv
-            start = (0, index, 0, 0)
-            k_buf = jax.lax.dynamic_update_slice(k_buf, k.astype(k_buf.dtype), start)
-            v_buf = jax.lax.dynamic_update_slice(v_buf, v.astype(v_buf.dtype), start)
+            k_buf = jax.lax.dynamic_update_slice(k_buf, k.astype(k_buf.dtype), (0, 0, 0, index))
+            v_buf = jax.lax.dynamic_update_slice(v_buf, v.astype(v_buf.dtype), (0, 0, index, 0))
             keys, values = k_buf.astype(x.dtype), v_buf.astype(x.dtype)
             cache_kv = (k_buf, v_buf)
         else:
@@ -273,29 +277,39 @@ class Attention(nnx.Module):
 
         b, t, h, dh = q.shape
         hkv = cfg.num_kv_heads
+        # Scale q (T x Dh values), not the scores (T x S): one pass less over the largest
+        # array of a prefill.
+        q = (q.astype(jnp.float32) / jnp.sqrt(jnp.float32(dh))).astype(q.dtype)
         q = q.reshape(b, t, hkv, h // hkv, dh)
-        scale = jnp.sqrt(jnp.float32(dh))
         if t == 1:
-            # Single-token decode: broadcast-multiply + reduce in the cache's own [B, S, Hkv,
-            # Dh] layout. The einsums below would transpose every layer's whole K and V to a
-            # matmul layout each step (~60% of a CPU decode step); here there is no matmul
-            # to win back (one query per row).
+            # Single-token decode, memory-bound on the cache: broadcast-multiply + reduce
+            # over a non-minor axis, so both reductions stream the cache with S (keys) or
+            # Dh (values) as the vector lane -- 3x faster on CPU than contracting the minor
+            # Dh of a [.., S, Dh] key cache, and no transposes (an einsum would copy every
+            # layer's cache into a matmul layout each step).
             q1 = q[:, 0].astype(jnp.float32)  # [B, Hkv, G, Dh]
-            scores = jnp.sum(
-                q1[:, None] * keys[:, :, :, None, :].astype(jnp.float32), axis=-1
-            ) / scale  # [B, S, Hkv, G]
-            scores = jnp.where(mask[:, 0, :, None, None], scores, _MASK_VALUE)
-            probs = jax.nn.softmax(scores, axis=1).astype(x.dtype)
-            out = jnp.sum(probs[..., None] * values[:, :, :, None, :], axis=1)  # [B, Hkv, G, Dh]
+            scores = jnp.sum(q1[..., None] * keys[:, :, None].astype(jnp.float32), axis=3)
+            scores = jnp.where(mask[:, 0][:, None, None, :], scores, _MASK_VALUE)  # [B,K,G,S]
+            probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+            out = jnp.sum(probs[..., None] * values[:, :, None], axis=3)  # [B, Hkv, G, Dh]
             out = out.reshape(b, 1, h, dh)
         else:
             scores = jnp.einsum(
-                "btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32
-            ) / scale
+                "btkgd,bkds->bkgts", q, keys, preferred_element_type=jnp.float32
+            )
             scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
-            probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-            out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(b, t, h, dh)
-        out = jnp.einsum("bthk,hkd->btd", out, self.o_kernel[...].astype(x.dtype))
+            # Softmax with the normalisation deferred to the output (T x Dh values instead
+            # of T x S scores): one pass less over the largest array of a prefill.
+            weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+            total = jnp.sum(weights, axis=-1)  # [B, Hkv, G, T]
+            out = jnp.einsum("bkgts,bksd->btkgd", weights.astype(x.dtype), values,
+                             preferred_element_type=jnp.float32)
+            out = out / jnp.transpose(total, (0, 3, 1, 2))[..., None]
+            out = out.astype(x.dtype).reshape(b, t, h, dh)
+        # One [B*T, H*Dh] @ [H*Dh, D] matmul: contracting (h, k) in an einsum let XLA:CPU
+        # fuse the attention reduction into the dot (5.7 ms per decode step at batch 64).
+        o_kernel = self.o_kernel[...].astype(x.dtype).reshape(h * dh, -1)
+        out = (out.reshape(b * t, h * dh) @ o_kernel).reshape(b, t, -1)
         return out, cache_kv
 
 
@@ -334,8 +348,8 @@ class Decoder(nnx.Module):
     """Decoder-only LM. `logits, cache = model(tokens, positions, cache=None, attention_mask=None)`.
 
     - tokens, positions: int32 [B, T]; attention_mask: bool [B, T] (True = real token;
-      default all True). Returns float32 logits [B, T, V] and the updated cache (None when
-      called without one).
+      default all True). Returns float32 logits [B, T, V] ([B, 1, V] for the last position
+      only with `last_only=True`) and the updated cache (None when called without one).
     - Without a cache: causal attention over the T tokens, keys restricted to real tokens.
     - With a cache: the T tokens are written to slots [index, index + T) (the caller keeps
       index + T <= max_len; past the end `dynamic_update_slice` would clamp); each query
@@ -356,6 +370,7 @@ class Decoder(nnx.Module):
         positions: jax.Array,
         cache: KVCache | None = None,
         attention_mask: jax.Array | None = None,
+        last_only: bool = False,
     ) -> tuple[jax.Array, KVCache | None]:
         cfg = self.cfg
         # Shapes are static, so these checks also run under jit.
@@ -408,6 +423,8 @@ class Decoder(nnx.Module):
             if cache is not None:
                 new_k.append(layer_kv[0])
                 new_v.append(layer_kv[1])
+        if last_only:  # a sampler's prefill needs the next-token logits only
+            x = x[:, -1:]
         x = self.final_norm(x)
         if cfg.tie_embeddings:
             logits = jnp.einsum(

@@ -196,9 +196,11 @@ def test_get_config_unknown_name():
 
 def test_init_cache_validation_and_shape():
     cache = init_cache(TINY, batch=2, max_len=5)
-    # One [B, S, Hkv, Dh] buffer per layer (TINY: 2 layers, 2 KV heads, head_dim 8).
+    # One buffer per layer (TINY: 2 layers, 2 KV heads, head_dim 8): keys [B, Hkv, Dh, S],
+    # values [B, Hkv, S, Dh].
     assert len(cache.k) == len(cache.v) == TINY.num_layers
-    assert all(a.shape == (2, 5, 2, 8) for a in cache.k + cache.v)
+    assert all(a.shape == (2, 2, 8, 5) for a in cache.k)
+    assert all(a.shape == (2, 2, 5, 8) for a in cache.v)
     assert cache.valid.shape == (2, 5) and cache.max_len == 5
     with pytest.raises(ValueError, match="max_len"):
         init_cache(TINY, batch=2, max_len=0)
