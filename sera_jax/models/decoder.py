@@ -216,6 +216,26 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
+#: Query block of the causal prefill / training attention (see Attention.__call__).
+_QUERY_BLOCK = 64
+
+
+def _attend(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:
+    """Softmax attention of q [B, T, Hkv, G, Dh] (already scaled) over keys [B, Hkv, Dh, S]
+    and values [B, Hkv, S, Dh] with mask bool [B, T, S]; float32 [B, T, Hkv, G, Dh].
+
+    The normalisation is applied to the output (T x Dh values) instead of the probabilities
+    (T x S): one pass less over the largest array.
+    """
+    scores = jnp.einsum("btkgd,bkds->bkgts", q, keys, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+    weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+    total = jnp.sum(weights, axis=-1)  # [B, Hkv, G, T]
+    out = jnp.einsum("bkgts,bksd->btkgd", weights.astype(q.dtype), values,
+                     preferred_element_type=jnp.float32)
+    return out / jnp.transpose(total, (0, 3, 1, 2))[..., None]
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with optional bias, q/k norm and a KV cache."""
 
@@ -293,19 +313,17 @@ class Attention(nnx.Module):
             probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
             out = jnp.sum(probs[..., None] * values[:, :, None], axis=3)  # [B, Hkv, G, Dh]
             out = out.reshape(b, 1, h, dh)
-        else:
-            scores = jnp.einsum(
-                "btkgd,bkds->bkgts", q, keys, preferred_element_type=jnp.float32
-            )
-            scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
-            # Softmax with the normalisation deferred to the output (T x Dh values instead
-            # of T x S scores): one pass less over the largest array of a prefill.
-            weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
-            total = jnp.sum(weights, axis=-1)  # [B, Hkv, G, T]
-            out = jnp.einsum("bkgts,bksd->btkgd", weights.astype(x.dtype), values,
-                             preferred_element_type=jnp.float32)
-            out = out / jnp.transpose(total, (0, 3, 1, 2))[..., None]
+        elif keys.shape[-1] == t:
+            # The T queries are the T key slots (no cache, or a prompt filling a fresh cache,
+            # which the write above forces to start at slot 0): causal, so query block
+            # [c0, c1) needs keys [0, c1) only -- 40% less score work at T = 310.
+            blocks = [(c0, min(c0 + _QUERY_BLOCK, t)) for c0 in range(0, t, _QUERY_BLOCK)]
+            out = jnp.concatenate([
+                _attend(q[:, c0:c1], keys[..., :c1], values[:, :, :c1], mask[:, c0:c1, :c1])
+                for c0, c1 in blocks], axis=1)
             out = out.astype(x.dtype).reshape(b, t, h, dh)
+        else:
+            out = _attend(q, keys, values, mask).astype(x.dtype).reshape(b, t, h, dh)
         # One [B*T, H*Dh] @ [H*Dh, D] matmul: contracting (h, k) in an einsum let XLA:CPU
         # fuse the attention reduction into the dot (5.7 ms per decode step at batch 64).
         o_kernel = self.o_kernel[...].astype(x.dtype).reshape(h * dh, -1)
