@@ -217,7 +217,7 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 #: Query block of the causal prefill / training attention (see Attention.__call__).
-_QUERY_BLOCK = 64
+_QUERY_BLOCK = 128
 
 
 def _attend(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -316,7 +316,8 @@ class Attention(nnx.Module):
         elif keys.shape[-1] == t:
             # The T queries are the T key slots (no cache, or a prompt filling a fresh cache,
             # which the write above forces to start at slot 0): causal, so query block
-            # [c0, c1) needs keys [0, c1) only -- 40% less score work at T = 310.
+            # [c0, c1) needs keys [0, c1) only (a third less score work at T = 310; ~10% of
+            # a batch-64 prefill on CPU, measured interleaved against one block).
             blocks = [(c0, min(c0 + _QUERY_BLOCK, t)) for c0 in range(0, t, _QUERY_BLOCK)]
             out = jnp.concatenate([
                 _attend(q[:, c0:c1], keys[..., :c1], values[:, :, :c1], mask[:, c0:c1, :c1])
