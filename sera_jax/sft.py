@@ -31,7 +31,12 @@ import optax
 from flax import nnx
 
 from sera_jax import sharding as shd
-from sera_jax.checkpoint import Checkpointer, CheckpointError
+from sera_jax.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    check_resume_config,
+    config_meta,
+)
 from sera_jax.models.decoder import token_logprobs
 
 
@@ -150,6 +155,10 @@ def batch_ids(seed: int, step: int, num_examples: int, batch_size: int) -> np.nd
 ExamplesFn = Callable[[np.ndarray], tuple[list[np.ndarray], list[np.ndarray]]]
 
 
+#: Config fields a resumed SFT run may change (everything else must match the checkpoint).
+RESUMABLE_FIELDS = ("num_steps", "log_every", "checkpoint_every", "max_checkpoints_to_keep")
+
+
 class SFTTrainer:
     """Jitted, sharded SFT of an NNX decoder with Orbax checkpoints and exact resume.
 
@@ -195,11 +204,12 @@ class SFTTrainer:
     def save(self) -> None:
         if self.ckpt is not None:
             self.ckpt.save(self.step, self._state(), {"step": self.step,
-                                                      "num_steps": self.config.num_steps})
+                                                      "config": config_meta(self.config)})
 
     def restore(self) -> None:
         """Continue from the latest checkpoint in the workdir."""
         state, meta = self.ckpt.restore(self._state())
+        check_resume_config(meta, self.config, self.ckpt.directory, RESUMABLE_FIELDS)
         self.params, self.opt_state, self.step = state["params"], state["opt_state"], meta["step"]
         nnx.update(self.model, self.params)
 

@@ -8,6 +8,7 @@ from flax import nnx
 
 from sera_jax import sft
 from sera_jax import sharding as shd
+from sera_jax.checkpoint import CheckpointError
 from sera_jax.models.decoder import Decoder, DecoderConfig, token_logprobs
 from sera_jax.tasks import maze as M
 
@@ -101,6 +102,17 @@ def test_resume_is_exact_and_sharded_equals_single_device(task, tmp_path):
                           workdir=str(tmp_path / "part"))
     part.train(stop_after=3)  # checkpoints at 2, and at 3 on the way out
     part.ckpt.close()
+    # Resuming under another hyperparameter is refused, naming it; step counts may change.
+    with pytest.raises(CheckpointError, match=r"learning_rate: 0.003 -> 0.001"):
+        sft.SFTTrainer(tiny_model(), small_config(num_steps=4, checkpoint_every=2,
+                                                  learning_rate=1e-3),
+                       examples_of(task), 2, width, M.PAD, mesh=mesh8,
+                       workdir=str(tmp_path / "part"))
+    longer = sft.SFTTrainer(tiny_model(), small_config(num_steps=9, checkpoint_every=2),
+                            examples_of(task), 2, width, M.PAD, mesh=mesh8,
+                            workdir=str(tmp_path / "part"))
+    assert longer.step == 3
+    longer.ckpt.close()
     resumed = sft.SFTTrainer(tiny_model(1), c, examples_of(task), 2, width, M.PAD, mesh=mesh8,
                              workdir=str(tmp_path / "part"))
     assert resumed.step == 3

@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import json
 import math
 import os
 import time
@@ -547,7 +546,7 @@ def initialize_distributed(config: ml_collections.ConfigDict) -> bool:
 def checkpoint_meta(config: ml_collections.ConfigDict, state: TrainState) -> dict[str, Any]:
     """JSON metadata stored next to the state (human-readable data position and config)."""
     return {"step": int(shd.to_host(state.step)), "epoch": int(shd.to_host(state.epoch)),
-            "cursor": int(shd.to_host(state.cursor)), "config": json.loads(config.to_json())}
+            "cursor": int(shd.to_host(state.cursor)), "config": ckpt_lib.config_meta(config)}
 
 
 #: Config fields that may change when a run is resumed (how long and how often, not what).
@@ -555,34 +554,10 @@ RESUMABLE_FIELDS = ("num_steps", "log_every", "checkpoint_every", "max_checkpoin
                     "multihost")
 
 
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def check_resume_config(meta: Mapping[str, Any], config: ml_collections.ConfigDict,
                         directory: str) -> None:
-    """Refuse to continue a checkpoint written under different hyperparameters.
-
-    A resumed run must be the run that was interrupted: silently continuing it with, say, a
-    new learning rate would mix two experiments in one curve. Only `RESUMABLE_FIELDS` may
-    differ. Raises `CheckpointError` listing each changed field (stored -> current).
-    """
-    stored = _flatten(meta.get("config", {}))
-    current = _flatten(json.loads(config.to_json()))
-    changed = sorted(
-        k for k in set(stored) | set(current)
-        if k.split(".")[0] not in RESUMABLE_FIELDS and stored.get(k) != current.get(k))
-    if changed:
-        detail = "; ".join(f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in changed)
-        raise ckpt_lib.CheckpointError(
-            f"the checkpoint in {directory} was written with a different config ({detail}). "
-            "Resume with the original values, or start the changed run in a new workdir.")
+    """`sera_jax.checkpoint.check_resume_config` with the RL `RESUMABLE_FIELDS`."""
+    ckpt_lib.check_resume_config(meta, config, directory, RESUMABLE_FIELDS)
 
 
 class MetricWriter:
