@@ -576,13 +576,15 @@ def _required_counts(log_deg: Callable[[Array], Array], log_q: Array, lthr: Arra
     m = jnp.clip(jnp.floor(jnp.clip(bound, 0.0, 2.0**30)).astype(jnp.int32), 1, n_max + 1)
     short = lambda m: (m <= n_max) & (log_deg(m.astype(lthr.dtype)) > lthr)
 
-    def body(m):
-        return m + short(m).astype(jnp.int32)
+    def body(c):
+        m, below = c
+        m = m + below.astype(jnp.int32)
+        return m, short(m)  # one evaluation of log_deg per step, shared with the test
 
-    return lax.while_loop(lambda m: _any(short(m)), body, m)
+    return lax.while_loop(lambda c: _any(c[1]), body, (m, short(m)))[0]
 
 
-def _predict_k(a, seen, ukey, m_req, budget, n_min, n_max, shift):
+def _predict_k(a, w, seen, ukey, m_req, budget, n_min, n_max, shift):
     """A window ``[k_safe, k_up]`` for the largest k whose top-k set (ascending ``ukey``, ties
     by index) is feasible for the leximin allocation, found without allocating.
 
@@ -599,7 +601,6 @@ def _predict_k(a, seen, ukey, m_req, budget, n_min, n_max, shift):
     lvl = _level(m_req - 1, a, shift)
     req = jnp.where(m_req > n_max, inf, jnp.where(m_req > n_min, lvl, -inf))
     tol = 64 * float(jnp.finfo(dt).eps)
-    w = _inv_lambda(a)
     i32 = lambda m: m.astype(jnp.int32)
 
     def need(mask, side):
@@ -666,10 +667,11 @@ def _dynamic(p, a, seen, budget, n_min, n_max, shift, rounding, threshold):
     k_lo = (budget + n_max - 1) // n_max
     k_hi = jnp.maximum(n_elig, k_lo)
 
-    m_req = _required_counts(log_deg, jnp.maximum(lp, l1p), lthr, n_max)
-    s_lo, s_hi = _predict_k(a, seen, _ordered_uint(score), m_req, budget, n_min, n_max, shift)
-    s_lo, s_hi = jnp.clip(s_lo, k_lo, k_hi), jnp.clip(s_hi, k_lo, k_hi)
     w = _inv_lambda(a)
+    m_req = _required_counts(log_deg, jnp.maximum(lp, l1p), lthr, n_max)
+    s_lo, s_hi = _predict_k(a, w, seen, _ordered_uint(score), m_req, budget, n_min, n_max,
+                            shift)
+    s_lo, s_hi = jnp.clip(s_lo, k_lo, k_hi), jnp.clip(s_hi, k_lo, k_hi)
 
     def evaluate(k, t_guess):
         act = _select_smallest(score, seen, k)  # top-k by score, ties by index

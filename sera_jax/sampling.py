@@ -367,7 +367,7 @@ def _generate_jit(
         # K/V leaves are [B, ...] per layer (layouts in KVCache). A recycled (donated)
         # buffer is overwritten in place; stale slots past W are invalid.
         if segment_ids is not None:
-            new = jnp.take(new, segment_ids, axis=new.ndim - 4)
+            new = jnp.take(new, segment_ids, axis=0)
         return jax.lax.dynamic_update_slice(old, new.astype(old.dtype), (0,) * old.ndim)
 
     k, v = (

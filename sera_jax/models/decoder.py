@@ -305,8 +305,8 @@ class Attention(nnx.Module):
             # Single-token decode, memory-bound on the cache: broadcast-multiply + reduce
             # over a non-minor axis, so both reductions stream the cache with S (keys) or
             # Dh (values) as the vector lane -- 3x faster on CPU than contracting the minor
-            # Dh of a [.., S, Dh] key cache, and no transposes (an einsum would copy every
-            # layer's cache into a matmul layout each step).
+            # Dh of a [.., S, Dh] key cache. (The same two contractions as einsums measured
+            # 24 vs 17 ms per batch-64 decode step on CPU.)
             q1 = q[:, 0].astype(jnp.float32)  # [B, Hkv, G, Dh]
             scores = jnp.sum(q1[..., None] * keys[:, :, None].astype(jnp.float32), axis=3)
             scores = jnp.where(mask[:, 0][:, None, None, :], scores, _MASK_VALUE)  # [B,K,G,S]
