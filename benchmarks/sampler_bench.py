@@ -15,9 +15,9 @@ the fraction of it the sampler reaches, counting useful FLOPs only:
 (R prefilled rows: the number of distinct prompts for sera_jax, all B rows for HF, whose
 `num_return_sequences` expands the prompts before the prefill)
 with N_mm the matmul parameters (attention + MLP projections + the vocabulary head), P the
-prompt length, T the new tokens, L layers, H query heads, Dh head size. Attention over the
-unused cache slots (the sampler computes the full fixed-size cache every step) is not
-counted.
+prompt length, T the new tokens, L layers, H query heads, Dh head size. Attention over
+cache slots a step cannot attend yet (a decode phase reads every slot its last step can
+reach) is not counted.
 
     taskset -c 0 .venv/bin/python benchmarks/sampler_bench.py --batch=8,64,8x8 --repeats=3
 

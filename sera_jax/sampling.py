@@ -1,12 +1,17 @@
 """Autoregressive sampling: jit prefill + `lax.while_loop` decode over a fixed-size KV cache.
 
 One compiled program per (model graph, batch, prompt width, `SamplingConfig`): the prompts
-are prefilled in one forward pass over a prompt-sized cache, their keys/values are copied
-into a cache with room for prompt + completion, then each loop iteration feeds one token
-per row and samples the next. Shapes never change inside the loop, rows that emitted a stop
-token keep running on pad tokens (masked out of the cache) and the loop exits early once
-every row is done. For the flat RL rollout batch (prompt q repeated N_q times) pass the P
-distinct prompts plus `segment_ids`: each prompt is prefilled once, not N_q times.
+are prefilled over a prompt-sized cache (a few rows per `lax.map` step, so a chunk's
+activations stay in a CPU's cache), then each loop iteration feeds one token per row and
+samples the next. Shapes never change inside a loop, rows that emitted a stop token keep
+running on pad tokens (masked out of the cache) and decoding exits early once every row is
+done. Decoding runs in up to `_MAX_DECODE_PHASES` phases (`decode_phase_ends`), each a
+`while_loop` over a cache holding exactly the slots its steps can reach, copied into the
+next, larger one at the boundary: a decode step is memory-bound on streaming the cache, so
+early steps read less of it (the price: during the last copy the previous phase's cache
+and the full one coexist, up to 1.75x the cache memory). For the flat RL rollout batch
+(prompt q repeated N_q times) pass the P distinct prompts plus `segment_ids`: each prompt
+is prefilled once, not N_q times.
 
 Padding. Prompts are *left*-padded (`sera_jax.tasks.base.left_pad`), positions are
 `cumsum(mask) - 1` and pad slots are invalid in the cache, so a row's computation does not
@@ -37,10 +42,17 @@ import numpy as np
 from flax import nnx
 
 from sera_jax.estimators import segment_ids_from_counts
-from sera_jax.models.decoder import KVCache, init_cache, positions_from_mask
+from sera_jax.models.decoder import KVCache, init_cache, map_row_chunks, positions_from_mask
 
 # Weight of a filtered-out token: -inf gives exact zeros in softmax / categorical.
 _NEG_INF = -jnp.inf
+#: Prompt tokens per batch shard in one prefill chunk: the prompts are prefilled a few rows
+#: at a time so a chunk's activations stay in a CPU's cache between layers.
+_PREFILL_CHUNK_TOKENS = 2048
+#: Decode steps per phase: phase i attends to the cache slots it can reach only.
+_DECODE_PHASE_STEPS = 48
+#: At most this many phases (each one is another compiled copy of the decode step).
+_MAX_DECODE_PHASES = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +215,21 @@ def cache_length(prompt_width: int, config: SamplingConfig) -> int:
     return prompt_width + config.max_new_tokens - 1
 
 
+def decode_phase_ends(steps: int) -> list[int]:
+    """End steps (exclusive) of the decode phases of a `max_new_tokens = steps` sample.
+
+    The loop samples tokens 1 .. steps - 1 in `(steps - 1) // _DECODE_PHASE_STEPS` equal
+    phases (at least 1, at most `_MAX_DECODE_PHASES`); a phase reads only the cache slots its
+    last step can attend, so early steps stream less of the cache, on which a decode step is
+    memory-bound (3 phases of 180 tokens after a 310-token prompt read 12% fewer cache
+    bytes; 4 phases of a long completion after a short prompt read little more than half).
+    """
+    if steps <= 1:
+        return []
+    phases = min(_MAX_DECODE_PHASES, max(1, (steps - 1) // _DECODE_PHASE_STEPS))
+    return [1 + round(i * (steps - 1) / phases) for i in range(1, phases + 1)]
+
+
 def default_row_keys(key: jax.Array, batch: int) -> jax.Array:
     """Per-row keys `fold_in(key, r)` for r in [0, batch): row r's stream depends on r only."""
     return jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(batch, dtype=jnp.uint32))
@@ -238,8 +265,9 @@ def generate(
         B rows. Default: B = P, row r continues prompt r.
 
     Returns a `SampleOutput` with B rows. The prompts are prefilled into a W-slot cache;
-    decoding runs on a fresh `cache_length(W, config)`-slot cache allocated inside the
-    jitted program. Use `generate_with_cache` to recycle one buffer (donated) across calls.
+    decoding ends on a fresh `cache_length(W, config)`-slot cache allocated inside the
+    jitted program (earlier phases use smaller ones). Use `generate_with_cache` to recycle
+    the full-size buffer (donated) across calls.
     """
     output, _ = _run(model, prompt_tokens, prompt_mask, key, config, row_keys, segment_ids,
                      cache=None)
@@ -349,33 +377,36 @@ def _generate_jit(
     slots = cache_length(width, config)
 
     # Prefill each distinct prompt once into a W-slot cache (attention over W, not all
-    # `slots`), then copy its keys/values to the rows that continue it.
-    logits, prefilled = model(
-        prompt_tokens,
-        positions_from_mask(prompt_mask),
-        cache=init_cache(cfg, num_prompts, width),
-        attention_mask=prompt_mask,
-        last_only=True,  # left padding: every row's last prompt token is at W - 1
-    )
-    logits, mask = logits[:, -1], prompt_mask
+    # `slots`), a chunk of rows at a time, then copy its keys/values to the rows that
+    # continue it.
+    def prefill(args):
+        tokens, mask = args
+        logits, prefilled = model(
+            tokens,
+            positions_from_mask(mask),
+            cache=init_cache(cfg, tokens.shape[0], width),
+            attention_mask=mask,
+            last_only=True,  # left padding: every row's last prompt token is at W - 1
+        )
+        return logits[:, -1], prefilled.k, prefilled.v
+
+    logits, prefilled_k, prefilled_v = map_row_chunks(
+        prefill, (prompt_tokens, prompt_mask), width, _PREFILL_CHUNK_TOKENS)
+    mask = prompt_mask
     if segment_ids is not None:
         logits, mask = logits[segment_ids], mask[segment_ids]
-    if cache is None:
-        cache = init_cache(cfg, batch, slots)
+        prefilled_k, prefilled_v = (
+            tuple(jnp.take(x, segment_ids, axis=0) for x in kv)
+            for kv in (prefilled_k, prefilled_v))
 
-    def copy_prompt_kv(old, new):
-        # K/V leaves are [B, ...] per layer (layouts in KVCache). A recycled (donated)
-        # buffer is overwritten in place; stale slots past W are invalid.
-        if segment_ids is not None:
-            new = jnp.take(new, segment_ids, axis=0)
-        return jax.lax.dynamic_update_slice(old, new.astype(old.dtype), (0,) * old.ndim)
-
-    k, v = (
-        jax.tree.map(copy_prompt_kv, old, new)
-        for old, new in ((cache.k, prefilled.k), (cache.v, prefilled.v))
-    )
-    valid = jnp.zeros((batch, slots), bool).at[:, :width].set(mask)
-    cache = cache.replace(k=k, v=v, valid=valid, index=jnp.asarray(width, cache.index.dtype))
+    # Decode phase i runs on a cache of exactly the slots its steps can reach (growing at
+    # each phase boundary; the last phase is the full, possibly donated, buffer).
+    ends = decode_phase_ends(steps)
+    phase_slots = [width + end - 1 for end in ends] or [slots]
+    full = init_cache(cfg, batch, slots) if cache is None else cache
+    prompt_cache = KVCache(
+        k=prefilled_k, v=prefilled_v, valid=mask, index=jnp.asarray(width, full.index.dtype))
+    cache = _grow_cache(prompt_cache, phase_slots[0], full)
 
     def draw(logits, step):
         keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(row_keys)
@@ -391,12 +422,9 @@ def _generate_jit(
     )
     prompt_len = jnp.sum(mask, axis=1, dtype=jnp.int32)
 
-    def cond(carry):
-        step, _, done, _, _, _ = carry
-        return (step < steps) & ~jnp.all(done)
-
     def body(carry):
-        # Feed token step-1 (at position prompt_len + step - 1), sample token `step`.
+        # Feed token step-1 (at position prompt_len + step - 1, slot width + step - 1),
+        # sample token `step`.
         step, last, done, lengths, cache, buffers = carry
         positions = (prompt_len + step - 1)[:, None]
         logits, cache = model(last[:, None], positions, cache=cache, attention_mask=~done[:, None])
@@ -411,10 +439,15 @@ def _generate_jit(
         done = done | jnp.isin(token, stop_ids)
         return step + 1, token, done, lengths, cache, buffers
 
-    lengths = jnp.ones((batch,), jnp.int32)
-    _, _, done, lengths, cache, buffers = jax.lax.while_loop(
-        cond, body, (jnp.int32(1), first, done, lengths, cache, buffers)
-    )
+    step, last, lengths = jnp.int32(1), first, jnp.ones((batch,), jnp.int32)
+    for end, size in zip(ends, phase_slots):
+        # Steps before `end` write slots < width + end - 1 = size.
+        cache = _grow_cache(cache, size, full)
+        step, last, done, lengths, cache, buffers = jax.lax.while_loop(
+            lambda carry, end=end: (carry[0] < end) & ~jnp.all(carry[2]),
+            body,
+            (step, last, done, lengths, cache, buffers),
+        )
     tokens, logprobs, sampling_logprobs = buffers
     output = SampleOutput(
         tokens=tokens,
@@ -424,6 +457,31 @@ def _generate_jit(
         truncated=~done,
     )
     return output, cache
+
+
+def _grow_cache(cache: KVCache, slots: int, full: KVCache) -> KVCache:
+    """`cache` copied into the first slots of a `slots`-slot cache; new slots are invalid.
+
+    `full` is the final (caller's, possibly donated) cache: when `slots` is its size the copy
+    goes into its buffers, overwriting them in place; else into fresh zeros.
+    """
+    if cache.max_len == slots:
+        return cache
+
+    def grow(old, target, slot_axis):
+        if target.shape[slot_axis] != slots:
+            shape = list(target.shape)
+            shape[slot_axis] = slots
+            target = jnp.zeros(shape, target.dtype)
+        return jax.lax.dynamic_update_slice(target, old.astype(target.dtype), (0,) * old.ndim)
+
+    batch = cache.valid.shape[0]
+    return KVCache(
+        k=tuple(grow(old, t, 3) for old, t in zip(cache.k, full.k)),  # [B, Hkv, Dh, S]
+        v=tuple(grow(old, t, 2) for old, t in zip(cache.v, full.v)),  # [B, Hkv, S, Dh]
+        valid=jnp.zeros((batch, slots), bool).at[:, :cache.max_len].set(cache.valid),
+        index=cache.index,
+    )
 
 
 def expand_prompts(

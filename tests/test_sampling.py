@@ -266,6 +266,46 @@ def test_donated_cache_reused_without_recompile(model):
         generate_with_cache(model, tokens[:2], mask[:2], jax.random.key(0), cfg, cache)
 
 
+def test_decode_phase_ends():
+    assert sampling.decode_phase_ends(1) == []
+    for steps in (2, 48, 96, 97, 180, 1024, 5000):
+        ends = sampling.decode_phase_ends(steps)
+        assert ends[-1] == steps and ends == sorted(set(ends)) and ends[0] > 1
+        assert 1 <= len(ends) <= sampling._MAX_DECODE_PHASES
+    assert len(sampling.decode_phase_ends(180)) == 3
+
+
+def test_growing_cache_phases_and_prefill_chunks_do_not_change_samples(model, monkeypatch):
+    """Decoding in phases over growing caches and prefilling one prompt per chunk give the
+    same tokens and log-probs as one full-size cache and a one-chunk prefill, with a fresh
+    and with a donated cache."""
+    cfg = SamplingConfig(max_new_tokens=12, temperature=0.9, top_k=20, stop_ids=(3,))
+    tokens, mask = _batch()
+    key = jax.random.key(5)
+
+    def run_fresh():
+        sampling._generate_jit.clear_cache()  # the constants are read while tracing
+        return generate(model, tokens, mask, key, cfg)
+
+    monkeypatch.setattr(sampling, "_MAX_DECODE_PHASES", 1)
+    want = run_fresh()
+    monkeypatch.setattr(sampling, "_MAX_DECODE_PHASES", 4)
+    monkeypatch.setattr(sampling, "_DECODE_PHASE_STEPS", 3)  # 11 // 3 = 3 phases
+    monkeypatch.setattr(sampling, "_PREFILL_CHUNK_TOKENS", WIDTH)  # one prompt per chunk
+    assert len(sampling.decode_phase_ends(cfg.max_new_tokens)) == 3
+    got = run_fresh()
+    cache = init_cache(model.cfg, len(PROMPTS), sampling.cache_length(WIDTH, cfg))
+    donated, new_cache = generate_with_cache(model, tokens, mask, key, cfg, cache)
+    sampling._generate_jit.clear_cache()  # drop the programs traced with patched constants
+    assert all(a.is_deleted() for a in jax.tree.leaves((cache.k, cache.v)))
+    assert new_cache.max_len == cache.max_len
+    for out in (got, donated):
+        np.testing.assert_array_equal(out.tokens, want.tokens)
+        np.testing.assert_array_equal(out.lengths, want.lengths)
+        np.testing.assert_allclose(out.logprobs, want.logprobs, atol=1e-5)
+    assert int(np.max(want.lengths)) > 6  # the later phases did sample tokens
+
+
 # ---------------------------------------------------------------------------- sharding
 
 

@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from sera_jax import sharding
 from sera_jax.models import configs
+from sera_jax.models import decoder as decoder_lib
 from sera_jax.models.decoder import (
     LOGICAL_AXIS_NAMES,
     Decoder,
@@ -21,6 +22,7 @@ from sera_jax.models.decoder import (
     constrain_batch,
     count_params,
     init_cache,
+    map_row_chunks,
     positions_from_mask,
     token_logprobs,
 )
@@ -241,6 +243,52 @@ def test_forward_under_mesh_matches_single_device():
     with jax.set_mesh(mesh):
         out = forward(sharded, *sharding.shard_batch((tokens, positions, mask), mesh))
     np.testing.assert_allclose(np.asarray(out), ref, atol=2e-5, rtol=1e-5)
+
+
+def test_map_row_chunks_takes_the_same_rows_of_every_shard():
+    x = jnp.arange(24 * 3, dtype=jnp.float32).reshape(24, 3)
+    seen = []
+
+    def fn(args):
+        (rows,) = args
+        seen.append(rows.shape[0])
+        return rows * jnp.sum(rows, axis=1, keepdims=True), rows[:, :1]
+
+    want = (x * jnp.sum(x, axis=1, keepdims=True), x[:, :1])
+    # Largest divisor r of 24 with r * 5 <= 22: 4 rows per step, 6 steps.
+    got = map_row_chunks(fn, (x,), row_cost=5, budget=22)
+    assert seen == [4]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert map_row_chunks(fn, (x,), row_cost=100, budget=1) is not None and seen[-1] == 1
+    mesh = sharding.make_mesh((2, 2, 2))  # 4 batch shards of 6 rows: 2 rows of each per step
+    with jax.set_mesh(mesh):
+        got = jax.jit(lambda x: map_row_chunks(fn, (x,), row_cost=5, budget=10))(
+            jax.device_put(x, sharding.batch_sharding(mesh, 2)))
+    assert seen[-1] == 8
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+        assert g.sharding.is_equivalent_to(sharding.batch_sharding(mesh, 2), 2)
+
+
+def test_row_chunked_attention_matches_whole_batch(monkeypatch):
+    """The causal attention processed one row per map step (unsharded, and one row of each
+    batch shard per step under a mesh) equals the whole-batch computation."""
+    model = _randomised(TINY)
+    tokens, mask = _left_padded_batch(TINY.vocab_size, [7, 3, 5, 7, 1, 6, 7, 2], 7, seed=3)
+    positions = positions_from_mask(mask)
+    fwd = nnx.jit(lambda m, t, p, a: m(t, p, attention_mask=a)[0])
+    want = np.asarray(fwd(model, tokens, positions, mask))
+    monkeypatch.setattr(decoder_lib, "_SCORE_BLOCK_BYTES", 1)  # one row per step
+    got = np.asarray(nnx.jit(lambda m, t, p, a: m(t, p, attention_mask=a)[0])(
+        model, tokens, positions, mask))
+    np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-6)
+    mesh = sharding.make_mesh((2, 2, 2))
+    sharded = sharding.shard_model(_randomised(TINY), mesh)
+    with jax.set_mesh(mesh):
+        got = nnx.jit(lambda m, t, p, a: m(t, p, attention_mask=a)[0])(
+            sharded, *sharding.shard_batch((tokens, positions, mask), mesh))
+    np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=1e-5)
 
 
 _REMAT_SCRIPT = """
