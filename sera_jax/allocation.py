@@ -62,7 +62,7 @@ from flax import struct
 from jax import Array, lax
 from jax.typing import ArrayLike
 
-from sera_jax.scaling import kappa, log_lambda
+from sera_jax.scaling import kappa, log1m, log_lambda
 
 __all__ = [
     "ALLOCATORS",
@@ -314,13 +314,13 @@ def _select_units(count_fn, mask, budget, n_min, n_max, lo, hi, dtype, rel_tol, 
     width = n_max - n_min
     as_f = lambda u: _from_ordered_uint(u, dtype)
     total = lambda u: _sum(count_fn(as_f(u)))
-    # The prompt count rides along with the first probe (one pass over the batch less).
-    c_lo, num = _reduce((count_fn(as_f(lo)), mask.astype(jnp.int32)), "++")
+    # Both bracket ends and the prompt count in one pass over the batch.
+    c_lo, c_hi, num = _reduce(
+        (count_fn(as_f(lo)), count_fn(as_f(hi)), mask.astype(jnp.int32)), "+++")
     kk = budget - n_min * num
 
     def solve():
         inf = jnp.asarray(jnp.inf, dtype)
-        c_hi = total(hi)
         lo_ok, hi_ok = c_lo < kk, c_hi >= kk
         lo2 = jnp.where(lo_ok, lo, _ordered_uint(-inf))
         hi2 = jnp.where(hi_ok, hi, _ordered_uint(inf))
@@ -647,7 +647,7 @@ def _predict_k(a, w, seen, ukey, m_req, budget, n_min, n_max, shift):
     return k_safe, jnp.maximum(k_up, k_safe)
 
 
-def _dynamic(p, a, seen, budget, n_min, n_max, shift, rounding, threshold):
+def _dynamic(p, a, w, seen, budget, n_min, n_max, shift, rounding, threshold):
     """[paper] dynamic active set: the largest feasible top-k by ``u(p, n_max)``.
 
     The paper binary-searches k, allocating every candidate. Here the answer is predicted
@@ -668,7 +668,6 @@ def _dynamic(p, a, seen, budget, n_min, n_max, shift, rounding, threshold):
     k_lo = (budget + n_max - 1) // n_max
     k_hi = jnp.maximum(n_elig, k_lo)
 
-    w = _inv_lambda(a)
     m_req = _required_counts(log_deg, jnp.maximum(lp, l1p), lthr, n_max)
     s_lo, s_hi = _predict_k(a, w, seen, _ordered_uint(score), m_req, budget, n_min, n_max,
                             shift)
@@ -776,13 +775,17 @@ def _hit_key(alpha, beta):
 
 def _seen_rule(rule, rounding, p, seen, budget, n_min, n_max, shift, threshold, alpha, beta):
     """Counts for the seen prompts (those with a finite p) sharing ``budget``."""
-    a = jnp.clip(jnp.where(seen, log_lambda(jnp.where(seen, p, 0.5)), 0.0), _A_MIN, _A_MAX)
     p0 = jnp.where(seen, p, 0.5)
+    # a = log λ and w = exp(-a) = 1/λ (both clamped, see _inv_lambda) from one log1p: a
+    # division instead of a second transcendental pass over the batch.
+    lam = -log1m(p0)
+    a = jnp.clip(jnp.where(seen, jnp.log(lam), 0.0), _A_MIN, _A_MAX)
+    w = jnp.where(seen, 1.0 / jnp.clip(lam, np.exp(_W_CLAMP), np.exp(_A_MAX)), 1.0)
     nan = jnp.asarray(jnp.nan, p.dtype)
     if rule == "dynamic":
-        return _dynamic(p0, a, seen, budget, n_min, n_max, shift, rounding, threshold)
+        return _dynamic(p0, a, w, seen, budget, n_min, n_max, shift, rounding, threshold)
     if rule == "equalized":
-        counts, t = _equalize(a, seen, budget, n_min, n_max, shift, rounding)
+        counts, t = _equalize(a, seen, budget, n_min, n_max, shift, rounding, w=w)
         return counts, seen, t
     if rule == "uniform":
         return _spread(seen, budget), seen, nan
