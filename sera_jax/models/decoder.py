@@ -265,8 +265,11 @@ def map_row_chunks(fn: Any, args: tuple[jax.Array, ...], row_cost: int, budget: 
     step takes r rows from *every* shard, so the map never moves rows between devices.
     `fn` maps a tuple of [rows, ...] arrays to a pytree of [rows, ...] arrays; the rows of a
     chunk must not interact. Why: a CPU keeps a chunk's intermediates in cache instead of
-    streaming batch-sized arrays through memory once per elementwise pass.
+    streaming batch-sized arrays through memory once per elementwise pass. On other
+    backends the whole batch is one chunk: an accelerator wants all rows at once.
     """
+    if jax.default_backend() != "cpu":
+        return fn(args)
     b = args[0].shape[0]
     shards = batch_shards(b)
     per_shard = b // shards
@@ -350,21 +353,30 @@ class Attention(nnx.Module):
         mask: jax.Array,
         cache_kv: tuple[jax.Array, jax.Array] | None,
         index: jax.Array | None,
+        last_only: bool = False,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """x: [B, T, D]; rope: `rope_tables` of the positions; mask: bool [B, T, S] (query t
         may attend key slot s).
 
         With `cache_kv = (k, v)` (this layer's buffers, layouts as in `KVCache`) the new
         keys/values are written at slots [index, index + T) and the updated buffers returned.
+        `last_only`: keys/values of all T tokens, but the output [B, 1, D] of the last query
+        only (the last layer of a prefill that needs the next-token logits alone).
         """
         cfg = self.cfg
-        q = self._project(x, self.q_kernel, "q_bias")
+        cos, sin = rope
+        mask_q = mask
+        if last_only:
+            cos_q, sin_q, mask_q = cos[:, -1:], sin[:, -1:], mask[:, -1:]
+            q = self._project(x[:, -1:], self.q_kernel, "q_bias")
+        else:
+            cos_q, sin_q = cos, sin
+            q = self._project(x, self.q_kernel, "q_bias")
         k = self._project(x, self.k_kernel, "k_bias")
         v = self._project(x, self.v_kernel, "v_bias")
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cos_q, sin_q), apply_rope(k, cos, sin)
 
         b, t, h, dh = q.shape
         hkv = cfg.num_kv_heads
@@ -372,7 +384,8 @@ class Attention(nnx.Module):
         # array of a prefill.
         q = (q.astype(jnp.float32) / jnp.sqrt(jnp.float32(dh))).astype(q.dtype)
         q = q.reshape(b, t, hkv, h // hkv, dh)
-        if cache_kv is None or cache_kv[0].shape[-1] == t:
+        queries_are_slots = t == k.shape[1]
+        if queries_are_slots and (cache_kv is None or cache_kv[0].shape[-1] == t):
             # The T queries are the T key slots: no cache, or a prompt filling a fresh cache
             # (a T-token write into T slots replaces the whole buffer whatever `index` is).
             out, k, v = causal_attention(q, k, v, mask)
@@ -382,13 +395,17 @@ class Attention(nnx.Module):
             return self._output(out), cache_kv
 
         # Cache layouts (see KVCache): keys [B, Hkv, Dh, S], values [B, Hkv, S, Dh].
-        k_buf, v_buf = cache_kv
-        k = jnp.transpose(k, (0, 2, 3, 1)).astype(k_buf.dtype)
-        v = jnp.transpose(v, (0, 2, 1, 3)).astype(v_buf.dtype)
-        k_buf = jax.lax.dynamic_update_slice(k_buf, k, (0, 0, 0, index))
-        v_buf = jax.lax.dynamic_update_slice(v_buf, v, (0, 0, index, 0))
-        keys, values = k_buf.astype(x.dtype), v_buf.astype(x.dtype)
-        cache_kv = (k_buf, v_buf)
+        k = jnp.transpose(k, (0, 2, 3, 1))
+        v = jnp.transpose(v, (0, 2, 1, 3))
+        if cache_kv is None:
+            keys, values = k, v
+        else:
+            k_buf, v_buf = cache_kv
+            k_buf = jax.lax.dynamic_update_slice(k_buf, k.astype(k_buf.dtype), (0, 0, 0, index))
+            v_buf = jax.lax.dynamic_update_slice(v_buf, v.astype(v_buf.dtype), (0, 0, index, 0))
+            keys, values = k_buf.astype(x.dtype), v_buf.astype(x.dtype)
+            cache_kv = (k_buf, v_buf)
+        mask = mask_q
         if t == 1:
             # Single-token decode, memory-bound on the cache: broadcast-multiply + reduce
             # over a non-minor axis, so both reductions stream the cache with S (keys) or
@@ -438,9 +455,9 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, rope, mask, cache_kv, index):
-        a, cache_kv = self.attn(self.attn_norm(x), rope, mask, cache_kv, index)
-        x = constrain_batch(x + a)
+    def __call__(self, x, rope, mask, cache_kv, index, last_only=False):
+        a, cache_kv = self.attn(self.attn_norm(x), rope, mask, cache_kv, index, last_only)
+        x = constrain_batch((x[:, -1:] if last_only else x) + a)
         x = constrain_batch(x + self.mlp(self.mlp_norm(x)))
         return x, cache_kv
 
@@ -520,12 +537,14 @@ class Decoder(nnx.Module):
         new_k, new_v = [], []
         for layer, block in enumerate(self.layers):
             layer_kv = None if cache is None else (cache.k[layer], cache.v[layer])
-            x, layer_kv = block(x, rope, mask, layer_kv, index)
+            # A sampler's prefill needs the next-token logits only: the last layer computes
+            # its keys/values for every token (the cache) but its attention output and MLP
+            # for the last one (a quarter of the maze policy's prefill matmuls).
+            x, layer_kv = block(x, rope, mask, layer_kv, index,
+                                last_only and layer == len(self.layers) - 1)
             if cache is not None:
                 new_k.append(layer_kv[0])
                 new_v.append(layer_kv[1])
-        if last_only:  # a sampler's prefill needs the next-token logits only
-            x = x[:, -1:]
         x = self.final_norm(x)
         if cfg.tie_embeddings:
             logits = jnp.einsum(

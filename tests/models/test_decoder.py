@@ -245,6 +245,27 @@ def test_forward_under_mesh_matches_single_device():
     np.testing.assert_allclose(np.asarray(out), ref, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_last_only_prefill_matches_full_forward(name):
+    """`last_only=True` (the last layer runs its attention output and MLP for the last token
+    only) gives the full forward's last-position logits and the same KV cache, with and
+    without a cache."""
+    cfg = VARIANTS[name]
+    model = _randomised(cfg)
+    tokens, mask = _left_padded_batch(cfg.vocab_size, [6, 3, 5], 6, seed=2)
+    positions = positions_from_mask(mask)
+    run = nnx.jit(lambda m, t, p, a, c: m(t, p, cache=c, attention_mask=a),)
+    run_last = nnx.jit(lambda m, t, p, a, c: m(t, p, cache=c, attention_mask=a, last_only=True))
+    full, full_cache = run(model, tokens, positions, mask, init_cache(cfg, 3, 6))
+    last, last_cache = run_last(model, tokens, positions, mask, init_cache(cfg, 3, 6))
+    assert last.shape == (3, 1, cfg.vocab_size)
+    np.testing.assert_allclose(last[:, 0], full[:, -1], atol=2e-5, rtol=1e-5)
+    for got, want in zip(jax.tree.leaves(last_cache), jax.tree.leaves(full_cache)):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    no_cache, _ = run_last(model, tokens, positions, mask, None)
+    np.testing.assert_allclose(no_cache[:, 0], full[:, -1], atol=2e-5, rtol=1e-5)
+
+
 def test_map_row_chunks_takes_the_same_rows_of_every_shard():
     x = jnp.arange(24 * 3, dtype=jnp.float32).reshape(24, 3)
     seen = []
