@@ -17,7 +17,10 @@ the fraction of it the sampler reaches, counting useful FLOPs only:
 with N_mm the matmul parameters (attention + MLP projections + the vocabulary head), P the
 prompt length, T the new tokens, L layers, H query heads, Dh head size. Attention over
 cache slots a step cannot attend yet (a decode phase reads every slot its last step can
-reach) is not counted.
+reach) is not counted. Both frameworks are credited with the same formula: sera_jax's
+prefill skips the last layer's attention output and MLP for all but the last prompt token
+(exact: only that token's logits are needed), so its figure is the work HF does per
+CPU-second of sera_jax, not FLOPs it executed.
 
     taskset -c 0 .venv/bin/python benchmarks/sampler_bench.py --batch=8,64,8x8 --repeats=3
 
