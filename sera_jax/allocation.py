@@ -780,7 +780,7 @@ def _seen_rule(rule, rounding, p, seen, budget, n_min, n_max, shift, threshold, 
     # division instead of a second transcendental pass over the batch.
     lam = -log1m(p0)
     a = jnp.clip(jnp.where(seen, jnp.log(lam), 0.0), _A_MIN, _A_MAX)
-    w = jnp.where(seen, 1.0 / jnp.clip(lam, np.exp(_W_CLAMP), np.exp(_A_MAX)), 1.0)
+    w = jnp.where(seen, 1.0 / jnp.clip(lam, float(np.exp(_W_CLAMP)), float(np.exp(_A_MAX))), 1.0)
     nan = jnp.asarray(jnp.nan, p.dtype)
     if rule == "dynamic":
         return _dynamic(p0, a, w, seen, budget, n_min, n_max, shift, rounding, threshold)
