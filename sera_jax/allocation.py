@@ -62,7 +62,7 @@ from flax import struct
 from jax import Array, lax
 from jax.typing import ArrayLike
 
-from sera_jax.scaling import kappa, log1m, log_lambda
+from sera_jax.scaling import kappa, log1m
 
 __all__ = [
     "ALLOCATORS",
@@ -150,17 +150,12 @@ def _reduce(ops: tuple[Array, ...], kinds: str) -> tuple[Array, ...]:
     per pass than ``jnp.sum``/``min``/``max``: each of those is its own loop, integer sums
     become a tree of reduce-windows and float ones an external (YNN) kernel with a jittery
     thread hand-off. Float min/max go through :func:`_ordered_uint` (the NaN-propagating
-    float min/max is not vectorised there: 50x slower); a single operand gets an int8
-    companion so that it stays a variadic reduce.
+    float min/max is not vectorised there: 50x slower).
     """
     fns = {"+": lax.add, "<": lax.min, ">": lax.max}
     dtypes = [x.dtype for x in ops]
     floats = [k != "+" and jnp.issubdtype(d, jnp.floating) for d, k in zip(dtypes, kinds)]
     ops = [_ordered_uint(x) if f else x for x, f in zip(ops, floats, strict=True)]
-    kinds = list(kinds)
-    if len(ops) == 1:
-        ops.append(jnp.zeros(ops[0].shape, jnp.int8))
-        kinds.append("+")
 
     def identity(dtype, kind):
         if kind == "+":
@@ -176,7 +171,7 @@ def _reduce(ops: tuple[Array, ...], kinds: str) -> tuple[Array, ...]:
 
 
 def _sum(x: Array) -> Array:
-    """``Σ x`` over axis 0 as one variadic reduce (see :func:`_reduce`)."""
+    """``Σ x`` over axis 0 in x's own dtype (``jnp.sum`` would widen int32 under x64)."""
     return _reduce((x,), "+")[0]
 
 
@@ -464,6 +459,17 @@ def _waterline_log(
                   0.0)
     nan = jnp.asarray(jnp.nan, dt)
     return jnp.where(k > 0, t, nan), jnp.where(k > 0, d, nan)
+
+
+def _rates(p: Array, mask: Array) -> tuple[Array, Array]:
+    """``a = log λ`` (clipped to ``[_A_MIN, _A_MAX]``, 0 off ``mask``) and ``w = 1/λ`` as
+    :func:`_inv_lambda` clamps it, from one ``log1p``: a division instead of a second
+    transcendental pass over the batch."""
+    lam = -log1m(p)
+    a = jnp.clip(jnp.where(mask, jnp.log(lam), 0.0), _A_MIN, _A_MAX)
+    w = jnp.where(mask, 1.0 / jnp.clip(lam, float(np.exp(_W_CLAMP)), float(np.exp(_A_MAX))),
+                  1.0)
+    return a, w
 
 
 def _inv_lambda(a: Array) -> Array:
@@ -776,11 +782,7 @@ def _hit_key(alpha, beta):
 def _seen_rule(rule, rounding, p, seen, budget, n_min, n_max, shift, threshold, alpha, beta):
     """Counts for the seen prompts (those with a finite p) sharing ``budget``."""
     p0 = jnp.where(seen, p, 0.5)
-    # a = log λ and w = exp(-a) = 1/λ (both clamped, see _inv_lambda) from one log1p: a
-    # division instead of a second transcendental pass over the batch.
-    lam = -log1m(p0)
-    a = jnp.clip(jnp.where(seen, jnp.log(lam), 0.0), _A_MIN, _A_MAX)
-    w = jnp.where(seen, 1.0 / jnp.clip(lam, float(np.exp(_W_CLAMP)), float(np.exp(_A_MAX))), 1.0)
+    a, w = _rates(p0, seen)
     nan = jnp.asarray(jnp.nan, p.dtype)
     if rule == "dynamic":
         return _dynamic(p0, a, w, seen, budget, n_min, n_max, shift, rounding, threshold)
@@ -887,8 +889,8 @@ def _core(p, num, budget, n_min, n_max, threshold, alpha, beta, *, rule, roundin
 def _waterline_core(p, num, budget, n_min, n_max, shift):
     p = _flush_subnormals(p)
     valid = jnp.arange(p.shape[0]) < num
-    a = jnp.clip(log_lambda(jnp.where(valid, p, 0.5)), _A_MIN, _A_MAX)
-    t = _waterline_log(a, valid, budget, n_min, n_max, shift)
+    a, w = _rates(jnp.where(valid, p, 0.5), valid)
+    t = _waterline_log(a, valid, budget, n_min, n_max, shift, w=w)
     tau = jnp.exp(t[0] + t[1])
     return tau, -jnp.expm1(-tau), _continuous_counts(a, valid, t, n_min, n_max, shift)
 
