@@ -59,7 +59,7 @@ from sera_jax.records import (
 from sera_jax.rl import evaluate as eval_lib
 from sera_jax.rl import trainer as trainer_lib
 from sera_jax.sampling import SamplingConfig
-from sera_jax.tasks.math.task import MathTask, task_from_config
+from sera_jax.tasks.mathqa.task import MathTask, task_from_config
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                "configs", "math", "cpu.py")

@@ -21,8 +21,8 @@ from sera_jax import sharding as shd
 from sera_jax.models import embedded
 from sera_jax.models.decoder import Decoder, DecoderConfig
 from sera_jax.models.weights import save_hf_checkpoint
-from sera_jax.tasks.math import data as math_data
-from sera_jax.tasks.math import task as math_task
+from sera_jax.tasks.mathqa import data as math_data
+from sera_jax.tasks.mathqa import task as math_task
 
 _SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 

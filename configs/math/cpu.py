@@ -20,7 +20,7 @@ after on 8 held-out problems x 4 samples at T 0.6, top-p 0.95. Run with
 import ml_collections
 
 from sera_jax.rl import config as rl_config
-from sera_jax.tasks.math.task import task_config
+from sera_jax.tasks.mathqa.task import task_config
 
 
 def get_config() -> ml_collections.ConfigDict:

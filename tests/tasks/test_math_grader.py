@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sera_jax.tasks.math import grader
+from sera_jax.tasks.mathqa import grader
 
 # ---------------------------------------------------------------------------- extraction
 

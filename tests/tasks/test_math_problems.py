@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sera_jax.tasks.math import data, problems
+from sera_jax.tasks.mathqa import data, problems
 
 # ---------------------------------------------------------------------------- generator
 

@@ -19,9 +19,9 @@ from ml_collections import config_dict
 
 from sera_jax.models.tokenizer import Tokenizer
 from sera_jax.tasks.base import RLTask
-from sera_jax.tasks.math import grader
-from sera_jax.tasks.math.data import MathProblem, format_prompt, load_problems
-from sera_jax.tasks.math.problems import generate_arithmetic
+from sera_jax.tasks.mathqa import grader
+from sera_jax.tasks.mathqa.data import MathProblem, format_prompt, load_problems
+from sera_jax.tasks.mathqa.problems import generate_arithmetic
 
 SOURCES = ("arithmetic", "files")
 

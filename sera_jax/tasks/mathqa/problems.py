@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from sera_jax.tasks.math.data import MathProblem
+from sera_jax.tasks.mathqa.data import MathProblem
 
 _NAMES = (
     ("Ava", "She"), ("Ben", "He"), ("Chloe", "She"), ("Daniel", "He"), ("Emma", "She"),

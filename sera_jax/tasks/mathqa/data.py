@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sera_jax.tasks.math.grader import gold_from_gsm8k, last_boxed
+from sera_jax.tasks.mathqa.grader import gold_from_gsm8k, last_boxed
 
 #: The spec's instruction suffixes (SERA_SPEC §7), keyed by model family.
 PROMPT_TEMPLATES: dict[str, str] = {
