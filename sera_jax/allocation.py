@@ -66,8 +66,10 @@ from sera_jax.scaling import kappa, log1m
 
 __all__ = [
     "ALLOCATORS",
+    "ALLOCATOR_OPTIONS",
     "Allocation",
     "allocate",
+    "check_options",
     "get_allocator",
     "hit_utility",
     "inverse_p",
@@ -1127,18 +1129,58 @@ def hit_utility(
                 alpha=alpha, beta=beta)
 
 
+#: Options each registered allocator takes besides the shared
+#: ``(p, budget, *, n_min, n_max, shift, unseen)``.
+ALLOCATOR_OPTIONS: dict[str, tuple[str, ...]] = {
+    "sera": ("mode", "rounding", "threshold"),
+    "uniform": (),
+    "inverse_p": (),
+    "knapsack": (),
+    "hit_utility": ("alpha", "beta", "pseudo_count"),
+}
+
+
+def check_options(name: str, options: Any) -> None:
+    """Raise ValueError unless ``name`` is a registered allocator that uses every option.
+
+    An option an allocator does not use is an error, never dropped: a user who asks for
+    ``mode="equalized"`` from ``uniform`` must learn that it has no effect.
+    """
+    if name not in ALLOCATOR_OPTIONS:
+        raise ValueError(f"unknown allocator {name!r}; valid names: {sorted(ALLOCATOR_OPTIONS)}")
+    unused = sorted(set(options) - set(ALLOCATOR_OPTIONS[name]))
+    if unused:
+        takes = ", ".join(ALLOCATOR_OPTIONS[name]) or "none"
+        raise ValueError(f"allocator {name!r} does not use option(s) {unused} (its options: "
+                         f"{takes}); remove them or choose an allocator that uses them")
+
+
+def _registered(name: str, fn: Callable[..., Allocation]) -> Callable[..., Allocation]:
+    """``fn`` behind the one allocator signature, refusing options it does not use."""
+
+    @functools.wraps(fn)
+    def allocator(p: ArrayLike, budget: int, *, n_min: int, n_max: int, shift: int = 1,
+                  unseen: str = "fill", **options: Any) -> Allocation:
+        check_options(name, options)
+        return fn(p, budget, n_min=n_min, n_max=n_max, shift=shift, unseen=unseen, **options)
+
+    return allocator
+
+
+#: Every allocator as ``f(p, budget, *, n_min, n_max, shift=1, unseen="fill", **options)``;
+#: the options each takes are ``ALLOCATOR_OPTIONS[name]``. Compared *methods* (an allocator
+#: with options, multiplicity and estimator) are in ``sera_jax.methods``.
 ALLOCATORS: dict[str, Callable[..., Allocation]] = {
-    "sera": allocate,
-    "sera_equalized": functools.partial(allocate, mode="equalized"),
-    "uniform": uniform,
-    "inverse_p": inverse_p,
-    "knapsack": knapsack,
-    "hit_utility": hit_utility,
+    "sera": _registered("sera", allocate),
+    "uniform": _registered("uniform", uniform),
+    "inverse_p": _registered("inverse_p", inverse_p),
+    "knapsack": _registered("knapsack", knapsack),
+    "hit_utility": _registered("hit_utility", hit_utility),
 }
 
 
 def get_allocator(name: str) -> Callable[..., Allocation]:
-    """The allocator registered as ``name``; all share ``f(p, budget, *, n_min, n_max, ...)``."""
+    """The allocator registered as ``name`` (the one signature of ``ALLOCATORS``)."""
     try:
         return ALLOCATORS[name]
     except KeyError:

@@ -1,0 +1,145 @@
+"""The one registry of compared methods: a name -> allocator + options + multiplicity + estimator.
+
+Every study (RL on mazes and math, gradient alignment, the allocation demo and lab) names
+its methods from `METHODS`, so "sera" means the same thing in every table:
+
+| name | allocator (options) | weights w_q | advantages |
+|---|---|---|---|
+| `uniform` | uniform (plain MaxRL) | N0/N_q = 1 | MaxRL |
+| `sera` | sera (dynamic active set, leximin) | N0/N_q | MaxRL |
+| `sera_equalized` | sera (every prompt active) | N0/N_q | MaxRL |
+| `sera_no_multiplicity` | sera (dynamic) | 1 on active prompts (ablation) | MaxRL |
+| `sera_paper_rounding` | sera (dynamic, the published rounding) | N0/N_q | MaxRL |
+| `inverse_p`, `knapsack`, `hit_utility` | the peer allocators | N0/N_q | MaxRL |
+| `grpo` | uniform | 1 | GRPO |
+
+`resolve(name, overrides)` applies a user's overrides on top of a preset: each one either
+takes effect or raises ValueError (an option the chosen allocator does not use, an unknown
+key) -- a preset never silently replaces what the user asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from sera_jax import allocation as allocation_lib
+from sera_jax.estimators import ADVANTAGE_ESTIMATORS
+
+#: Keys a user may override on top of a method preset (`None` = keep the preset's).
+OVERRIDABLE = ("allocator", "mode", "rounding", "threshold", "multiplicity", "estimator")
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One compared method.
+
+    allocator: key of `sera_jax.allocation.ALLOCATORS`; options: its options
+    (`ALLOCATOR_OPTIONS[allocator]` only); multiplicity: train with w_q = N0/N_q (False: the
+    ablation w_q = 1 on active prompts); estimator: key of
+    `sera_jax.estimators.ADVANTAGE_ESTIMATORS`.
+    """
+
+    name: str
+    label: str
+    allocator: str
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    multiplicity: bool = True
+    estimator: str = "maxrl"
+
+    def __post_init__(self):
+        allocation_lib.check_options(self.allocator, self.options)
+        if self.estimator not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"method {self.name!r}: estimator={self.estimator!r}; valid: "
+                             f"{sorted(ADVANTAGE_ESTIMATORS)}")
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    @property
+    def kappa_shift(self) -> int:
+        """s of κ(p, N, s) for this method's estimator (1 centered, 0 conditional)."""
+        shift = ADVANTAGE_ESTIMATORS[self.estimator].kappa_shift
+        return 1 if shift is None else int(shift)
+
+    def allocate(self, p: Any, budget: int, *, n_min: int, n_max: int, unseen: str = "fill",
+                 shift: int | None = None) -> allocation_lib.Allocation:
+        """`ALLOCATORS[allocator](p, budget, ..., **options)`; shift defaults to the estimator's."""
+        fn = allocation_lib.get_allocator(self.allocator)
+        return fn(p, budget, n_min=n_min, n_max=n_max, unseen=unseen,
+                  shift=self.kappa_shift if shift is None else shift, **self.options)
+
+    def prompt_weights(self, counts: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """The per-prompt loss weights: the allocator's N0/N_q, or 1{N_q > 0} without the
+        multiplicity correction."""
+        if self.multiplicity:
+            return np.asarray(weights, np.float32)
+        return (np.asarray(counts) > 0).astype(np.float32)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (stored in run configs and fingerprints)."""
+        return {"name": self.name, "allocator": self.allocator, "options": dict(self.options),
+                "multiplicity": self.multiplicity, "estimator": self.estimator}
+
+
+def _m(name, label, allocator, multiplicity=True, estimator="maxrl", **options) -> Method:
+    return Method(name, label, allocator, options, multiplicity, estimator)
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    _m("uniform", "uniform (MaxRL)", "uniform"),
+    _m("sera", "SERA", "sera", mode="dynamic"),
+    _m("sera_equalized", "SERA equalized", "sera", mode="equalized"),
+    _m("sera_no_multiplicity", "SERA w/o multiplicity", "sera", multiplicity=False,
+       mode="dynamic"),
+    _m("sera_paper_rounding", "SERA paper rounding", "sera", mode="dynamic", rounding="paper"),
+    _m("inverse_p", "inverse-p", "inverse_p"),
+    _m("knapsack", "knapsack", "knapsack"),
+    _m("hit_utility", "hit-utility", "hit_utility"),
+    _m("grpo", "GRPO", "uniform", estimator="grpo"),
+)}
+
+
+def nearest(name: str, valid: Any) -> str:
+    """' (did you mean X?)' for the closest valid name, or ''."""
+    close = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def get_method(name: str) -> Method:
+    """The registered method `name`; ValueError naming the valid ones (and the nearest)."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown method {name!r}{nearest(name, METHODS)}; valid methods: "
+                         f"{sorted(METHODS)}") from None
+
+
+def resolve(name: str, overrides: Mapping[str, Any] | None = None) -> Method:
+    """The method `name` with the user's `overrides` (keys of `OVERRIDABLE`; None = preset).
+
+    Changing `allocator` drops the preset's allocator options (they belong to the preset's
+    allocator) but keeps every option the user set. Raises ValueError for an unknown key,
+    an unknown allocator or estimator, or an option the resulting allocator does not use.
+    """
+    base = get_method(name)
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    unknown = sorted(set(given) - set(OVERRIDABLE))
+    if unknown:
+        raise ValueError(f"method {name!r}: unknown override(s) {unknown}; overridable: "
+                         f"{list(OVERRIDABLE)}")
+    allocator = given.pop("allocator", base.allocator)
+    options = dict(base.options) if allocator == base.allocator else {}
+    multiplicity = bool(given.pop("multiplicity", base.multiplicity))
+    estimator = given.pop("estimator", base.estimator)
+    options.update(given)
+    try:
+        return Method(name, base.label, allocator, options, multiplicity, estimator)
+    except ValueError as e:
+        raise ValueError(f"method {name!r} with overrides {dict(overrides or {})}: {e}") from None
+
+
+__all__ = ["METHODS", "OVERRIDABLE", "Method", "get_method", "nearest", "resolve"]
