@@ -1153,6 +1153,14 @@ def check_options(name: str, options: Any) -> None:
         takes = ", ".join(ALLOCATOR_OPTIONS[name]) or "none"
         raise ValueError(f"allocator {name!r} does not use option(s) {unused} (its options: "
                          f"{takes}); remove them or choose an allocator that uses them")
+    choices = {"mode": _MODES, "rounding": _ROUNDINGS}
+    for key, allowed in choices.items():
+        if key in options and options[key] not in allowed:
+            raise ValueError(f"allocator {name!r}: {key}={options[key]!r}; allowed: {allowed}")
+    if "threshold" in options:
+        t = options["threshold"]
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0.0 <= float(t) <= 1.0:
+            raise ValueError(f"allocator {name!r}: threshold={t!r}; allowed: a number in [0, 1]")
 
 
 def _registered(name: str, fn: Callable[..., Allocation]) -> Callable[..., Allocation]:
