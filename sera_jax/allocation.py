@@ -1157,6 +1157,9 @@ def check_options(name: str, options: Any) -> None:
     for key, allowed in choices.items():
         if key in options and options[key] not in allowed:
             raise ValueError(f"allocator {name!r}: {key}={options[key]!r}; allowed: {allowed}")
+    if "threshold" in options and options.get("mode", "dynamic") != "dynamic":
+        raise ValueError(f"allocator {name!r}: threshold is used only by mode='dynamic', not "
+                         f"mode={options['mode']!r}; remove it")
     if "threshold" in options:
         t = options["threshold"]
         if isinstance(t, bool) or not isinstance(t, int | float) or not 0.0 <= float(t) <= 1.0:

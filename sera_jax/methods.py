@@ -91,11 +91,12 @@ def _m(name, label, allocator, multiplicity=True, estimator="maxrl", **options) 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     _m("uniform", "uniform (MaxRL)", "uniform"),
-    _m("sera", "SERA", "sera", mode="dynamic"),
-    _m("sera_equalized", "SERA equalized", "sera", mode="equalized"),
+    _m("sera", "SERA", "sera", mode="dynamic", rounding="leximin", threshold=0.05),
+    _m("sera_equalized", "SERA equalized", "sera", mode="equalized", rounding="leximin"),
     _m("sera_no_multiplicity", "SERA w/o multiplicity", "sera", multiplicity=False,
-       mode="dynamic"),
-    _m("sera_paper_rounding", "SERA paper rounding", "sera", mode="dynamic", rounding="paper"),
+       mode="dynamic", rounding="leximin", threshold=0.05),
+    _m("sera_paper_rounding", "SERA paper rounding", "sera", mode="dynamic", rounding="paper",
+       threshold=0.05),
     _m("inverse_p", "inverse-p", "inverse_p"),
     _m("knapsack", "knapsack", "knapsack"),
     _m("hit_utility", "hit-utility", "hit_utility"),
@@ -133,13 +134,16 @@ def resolve(name: str, overrides: Mapping[str, Any] | None = None) -> Method:
                          f"{list(OVERRIDABLE)}")
     allocator = given.pop("allocator", base.allocator)
     options = dict(base.options) if allocator == base.allocator else {}
+    if given.get("mode", "dynamic") != "dynamic":
+        options.pop("threshold", None)  # θ belongs to the preset's dynamic mode
     multiplicity = bool(given.pop("multiplicity", base.multiplicity))
     estimator = given.pop("estimator", base.estimator)
     options.update(given)
     try:
         return Method(name, base.label, allocator, options, multiplicity, estimator)
     except ValueError as e:
-        raise ValueError(f"method {name!r} with overrides {dict(overrides or {})}: {e}") from None
+        shown = {k: v for k, v in (overrides or {}).items() if v is not None}
+        raise ValueError(f"method {name!r} with overrides {shown}: {e}") from None
 
 
 __all__ = ["METHODS", "OVERRIDABLE", "Method", "get_method", "nearest", "resolve"]

@@ -11,13 +11,15 @@ the answer tokens (token-mean over the batch's answer tokens).
 The step is one `jax.jit` program over the model's `nnx.State`: parameters carry
 `NamedSharding`s from `sera_jax.sharding` (the same partition rules as the RL trainer), the
 batch is split over the mesh's batch axes, and parameters / optimiser state are donated.
-Batches are a pure function of (seed, step), so a resumed run replays the same data: the
-checkpoint (`sera_jax.checkpoint.Checkpointer`) holds parameters, optimiser state and step.
+Batches are a pure function of (seed, step), so a resumed run replays the same data.
+`SFTProgram` is the step; `train` runs it with the one training loop (`sera_jax.loop`:
+checkpoints, records, fingerprint check on resume, finite guard).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -30,13 +32,9 @@ import numpy as np
 import optax
 from flax import nnx
 
+from sera_jax import loop
 from sera_jax import sharding as shd
-from sera_jax.checkpoint import (
-    Checkpointer,
-    CheckpointError,
-    check_resume_config,
-    config_meta,
-)
+from sera_jax.checkpoint import Checkpointer, CheckpointError
 from sera_jax.models.decoder import token_logprobs
 
 
@@ -62,18 +60,27 @@ def get_config() -> ml_collections.ConfigDict:
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raise ValueError naming the field for an invalid SFT setting."""
     c = config
+    num = lambda x: (isinstance(x, int | float) and not isinstance(x, bool)  # noqa: E731
+                     and math.isfinite(x))
+    whole = lambda x: isinstance(x, int) and not isinstance(x, bool)  # noqa: E731
     checks = [
-        (isinstance(c.num_steps, int) and c.num_steps >= 1, "num_steps", c.num_steps, ">= 1"),
-        (c.batch_size >= 1, "batch_size", c.batch_size, ">= 1"),
-        (c.learning_rate >= 0, "learning_rate", c.learning_rate, ">= 0"),
-        (0 <= c.warmup_steps < c.num_steps, "warmup_steps", c.warmup_steps,
-         f"[0, num_steps={c.num_steps})"),
-        (0 <= c.b1 < 1, "b1", c.b1, "[0, 1)"),
-        (0 <= c.b2 < 1, "b2", c.b2, "[0, 1)"),
-        (c.weight_decay >= 0, "weight_decay", c.weight_decay, ">= 0"),
-        (c.grad_clip >= 0, "grad_clip", c.grad_clip, ">= 0 (0 = off)"),
-        (c.log_every >= 1, "log_every", c.log_every, ">= 1"),
-        (c.checkpoint_every >= 0, "checkpoint_every", c.checkpoint_every, ">= 0"),
+        (whole(c.seed), "seed", c.seed, "an integer"),
+        (whole(c.num_steps) and c.num_steps >= 1, "num_steps", c.num_steps, "an integer >= 1"),
+        (whole(c.batch_size) and c.batch_size >= 1, "batch_size", c.batch_size, ">= 1"),
+        (num(c.learning_rate) and c.learning_rate >= 0, "learning_rate", c.learning_rate,
+         "a finite number >= 0"),
+        (whole(c.warmup_steps) and 0 <= c.warmup_steps < c.num_steps, "warmup_steps",
+         c.warmup_steps, f"[0, num_steps={c.num_steps})"),
+        (num(c.b1) and 0 <= c.b1 < 1, "b1", c.b1, "[0, 1)"),
+        (num(c.b2) and 0 <= c.b2 < 1, "b2", c.b2, "[0, 1)"),
+        (num(c.weight_decay) and c.weight_decay >= 0, "weight_decay", c.weight_decay,
+         "a finite number >= 0"),
+        (num(c.grad_clip) and c.grad_clip >= 0, "grad_clip", c.grad_clip, ">= 0 (0 = off)"),
+        (whole(c.log_every) and c.log_every >= 1, "log_every", c.log_every, ">= 1"),
+        (whole(c.checkpoint_every) and c.checkpoint_every >= 0, "checkpoint_every",
+         c.checkpoint_every, ">= 0"),
+        (whole(c.max_checkpoints_to_keep) and c.max_checkpoints_to_keep >= 1,
+         "max_checkpoints_to_keep", c.max_checkpoints_to_keep, ">= 1"),
     ]
     for ok, field, value, allowed in checks:
         if not ok:
@@ -134,16 +141,14 @@ def sft_loss(model: nnx.Module, batch: dict[str, jax.Array]) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(2, 3))
 def _train_step(graphdef, tx, params, opt_state, batch):
-    """One AdamW step on the SFT loss. Module-level jit keyed on the (hashable) graph and
-    optimiser: every trainer of the same model/optimiser reuses one compiled program per
-    mesh. Shardings follow the inputs (parameters and moments are updated elementwise)."""
+    """One AdamW step on the SFT loss, applied only when finite (`guarded_update`).
+    Module-level jit keyed on the (hashable) graph and optimiser: every program of the same
+    model/optimiser reuses one compiled step per mesh. Shardings follow the inputs."""
     def loss_fn(p):
         return sft_loss(nnx.merge(graphdef, p), batch)
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    return params, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+    return loop.guarded_update(tx, params, opt_state, loss, grads)
 
 
 def batch_ids(seed: int, step: int, num_examples: int, batch_size: int) -> np.ndarray:
@@ -155,20 +160,22 @@ def batch_ids(seed: int, step: int, num_examples: int, batch_size: int) -> np.nd
 ExamplesFn = Callable[[np.ndarray], tuple[list[np.ndarray], list[np.ndarray]]]
 
 
-#: Config fields a resumed SFT run may change (everything else must match the checkpoint).
-RESUMABLE_FIELDS = ("num_steps", "log_every", "checkpoint_every", "max_checkpoints_to_keep")
+#: Fingerprint fields a resumed SFT run may change: logging and checkpoint cadence only
+#: (`num_steps` sets the cosine schedule, so a longer run is a different run).
+RESUMABLE = ("sft.log_every", "sft.checkpoint_every", "sft.max_checkpoints_to_keep")
 
 
-class SFTTrainer:
-    """Jitted, sharded SFT of an NNX decoder with Orbax checkpoints and exact resume.
+class SFTProgram:
+    """SFT of an NNX decoder as a `sera_jax.loop.Program` (jitted, sharded, exact resume).
 
     `examples(ids) -> (prompts, answers)` returns token arrays for example ids in
     `[0, num_examples)`; `width` is the static row length (>= longest prompt + answer).
+    The state is `{"params", "opt_state"}`; the batch of step s is a function of (seed, s).
     """
 
     def __init__(self, model: nnx.Module, config: ml_collections.ConfigDict,
                  examples: ExamplesFn, num_examples: int, width: int, pad_id: int,
-                 mesh: jax.sharding.Mesh | None = None, workdir: str | None = None):
+                 mesh: jax.sharding.Mesh | None = None):
         validate(config)
         if num_examples < 1:
             raise ValueError(f"num_examples={num_examples}; need >= 1 SFT example")
@@ -182,90 +189,73 @@ class SFTTrainer:
         self.model = shd.shard_model(model, self.mesh)
         self.graphdef, params = nnx.split(self.model)
         self.tx = make_optimizer(config)
-        param_sh = shd.state_shardings(params, self.mesh)
+        self.param_shardings = shd.state_shardings(params, self.mesh)
         # Optimiser moments follow their parameter's sharding; counters are replicated.
-        opt_sh = optax.tree_map_params(
-            self.tx, lambda _, s: s, jax.eval_shape(self.tx.init, params), param_sh,
+        self.opt_shardings = optax.tree_map_params(
+            self.tx, lambda _, s: s, jax.eval_shape(self.tx.init, params), self.param_shardings,
             transform_non_params=lambda _: shd.replicated(self.mesh),
             is_leaf=lambda x: isinstance(x, nnx.Variable))
-        self.params = params
-        self.opt_state = jax.jit(self.tx.init, out_shardings=opt_sh)(params)
-        self.step = 0
-        self.ckpt = (Checkpointer(os.path.join(workdir, "sft_checkpoints"),
-                                  max_to_keep=config.max_checkpoints_to_keep)
-                     if workdir else None)
-        if self.ckpt is not None and self.ckpt.latest_step() is not None:
-            self.restore()
+        self._t0, self._rows = None, 0
 
-    # ---- checkpoints
-    def _state(self) -> dict[str, Any]:
-        return {"params": self.params, "opt_state": self.opt_state}
+    def init_state(self) -> dict[str, Any]:
+        params = nnx.state(self.model)
+        opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(params)
+        return {"params": params, "opt_state": opt_state}
 
-    def save(self) -> None:
-        if self.ckpt is not None:
-            self.ckpt.save(self.step, self._state(), {"step": self.step,
-                                                      "config": config_meta(self.config)})
+    def abstract_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        return state
 
-    def restore(self) -> None:
-        """Continue from the latest checkpoint in the workdir."""
-        state, meta = self.ckpt.restore(self._state())
-        check_resume_config(meta, self.config, self.ckpt.directory, RESUMABLE_FIELDS)
-        self.params, self.opt_state, self.step = state["params"], state["opt_state"], meta["step"]
-        nnx.update(self.model, self.params)
+    def position(self, state: dict[str, Any]) -> dict[str, int]:
+        return {}
 
-    # ---- training
     def batch(self, step: int) -> dict[str, jax.Array]:
         ids = batch_ids(self.config.seed, step, self.num_examples, self.config.batch_size)
         prompts, answers = self.examples(ids)
         return shd.shard_batch(make_batch(prompts, answers, self.width, self.pad_id), self.mesh)
 
-    def train(self, log: Callable[[int, dict], None] | None = None,
-              stop_after: int | None = None) -> list[dict[str, float]]:
-        """Run to `config.num_steps` (or `stop_after` more steps); returns logged metrics.
-
-        Checkpoints every `checkpoint_every` steps and at the end; the model object holds
-        the latest parameters afterwards.
-        """
-        c, history = self.config, []
-        end = c.num_steps if stop_after is None else min(c.num_steps, self.step + stop_after)
-        t0, tokens = time.perf_counter(), 0
-        while self.step < end:
-            batch = self.batch(self.step)
-            self.params, self.opt_state, metrics = _train_step(
-                self.graphdef, self.tx, self.params, self.opt_state, batch)
-            self.step += 1
-            tokens += c.batch_size * self.width
-            if self.step % c.log_every == 0 or self.step == end:
-                m = {k: float(v) for k, v in metrics.items()}
-                dt = time.perf_counter() - t0
-                m.update(step=self.step, seconds=dt, rows_per_s=tokens / self.width / dt)
-                history.append(m)
-                if log is not None:
-                    log(self.step, m)
-            if self.ckpt is not None and c.checkpoint_every and self.step % c.checkpoint_every == 0:
-                self.save()
-        if self.ckpt is not None and self.ckpt.latest_step() != self.step:
-            self.save()
-        if self.ckpt is not None:
-            self.ckpt.wait_until_finished()
-        nnx.update(self.model, self.params)
-        return history
+    def step(self, state: dict[str, Any], step: int) -> tuple[dict[str, Any], dict[str, float]]:
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+        params, opt_state, metrics = _train_step(
+            self.graphdef, self.tx, state["params"], state["opt_state"], self.batch(step))
+        self._rows += self.config.batch_size
+        m = {k: float(v) for k, v in metrics.items()}
+        dt = time.perf_counter() - self._t0
+        m.update(seconds=dt, rows_per_s=self._rows / max(dt, 1e-9))
+        return {"params": params, "opt_state": opt_state}, m
 
 
-def load_final_params(model: nnx.Module, config: ml_collections.ConfigDict, workdir: str,
-                      mesh: jax.sharding.Mesh | None = None) -> int:
-    """Load the latest SFT checkpoint of `workdir` (written with SFT `config`) into `model`
-    in place, sharded on `mesh`; returns its step.
+def train(program: SFTProgram, run_dir: str, *, fingerprint: dict[str, Any] | None = None,
+          stop_after: int | None = None) -> loop.Result:
+    """Run `program` to `config.num_steps` in `run_dir` with the one loop (resumes; refuses
+    a resume under another fingerprint, default `{"sft": config}`); the program's model
+    holds the final parameters afterwards."""
+    c = program.config
+    result = loop.run(
+        program, run_dir, fingerprint=fingerprint or {"sft": c.to_dict()}, resumable=RESUMABLE,
+        schedule=loop.Schedule(num_steps=c.num_steps, checkpoint_every=c.checkpoint_every,
+                               max_to_keep=c.max_checkpoints_to_keep, log_every=c.log_every),
+        hooks=loop.Hooks(log_keys=("loss", "grad_norm", "rows_per_s")), stop_after=stop_after)
+    nnx.update(program.model, result.state["params"])
+    return result
+
+
+def load_final_params(model: nnx.Module, config: ml_collections.ConfigDict, run_dir: str,
+                      mesh: jax.sharding.Mesh | None = None,
+                      fingerprint: dict[str, Any] | None = None) -> int:
+    """Load the latest SFT checkpoint of `run_dir` into `model` in place, sharded on `mesh`;
+    returns its step. With `fingerprint`, the checkpoint must have been written under it.
 
     Raises `sera_jax.checkpoint.CheckpointError` when there is none or it does not match.
     """
-    ckpt = Checkpointer(os.path.join(workdir, "sft_checkpoints"))
-    try:
-        if ckpt.latest_step() is None:
+    program = SFTProgram(model, config, lambda ids: ([], []), 1, 1, 0, mesh=mesh)
+    with Checkpointer(os.path.join(run_dir, "checkpoints")) as ckpt:
+        step = ckpt.latest_step()
+        if step is None:
             raise CheckpointError(f"no SFT checkpoint in {ckpt.directory}; run the sft stage")
-    finally:
-        ckpt.close()
-    trainer = SFTTrainer(model, config, lambda ids: ([], []), 1, 1, 0, mesh=mesh,
-                         workdir=workdir)
-    trainer.ckpt.close()
-    return trainer.step
+        if fingerprint is not None:
+            loop.check_fingerprint(ckpt.restore_meta(step).get("fingerprint"), fingerprint,
+                                   RESUMABLE, ckpt.directory)
+        state, _ = ckpt.restore(program.init_state(), step)
+    nnx.update(model, state["params"])
+    return int(step)

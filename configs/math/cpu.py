@@ -50,8 +50,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.num_steps = 4
     c.rl.prompts_per_step = 4
     c.rl.rollouts_per_prompt = 4
-    c.rl.n_min = 2
-    c.rl.n_max = 8
+    c.rl.allocation.n_min = 2
+    c.rl.allocation.n_max = 8
     c.rl.optimizer.learning_rate = 1e-5  # the spec's SmolLM2 setting
     c.rl.sampling.temperature = 1.0  # on-policy (spec: T = 1 during RL)
     c.rl.checkpoint_every = 2
@@ -59,8 +59,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.log_every = 1
     c.rl.mesh.data = -1
 
-    # Methods (overrides of `rl`); `compare.methods` selects which ones the binary runs.
-    c.methods = rl_config.comparison_methods()
+    # The methods to run (names of sera_jax.methods.METHODS); `rl.method` is set per run.
+    c.rl.method = None
     c.compare = ml_collections.ConfigDict()
     c.compare.methods = "sera"
 

@@ -46,8 +46,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.num_steps = 600
     c.rl.prompts_per_step = 128
     c.rl.rollouts_per_prompt = 16
-    c.rl.n_min = 2
-    c.rl.n_max = 64
+    c.rl.allocation.n_min = 2
+    c.rl.allocation.n_max = 64
     c.rl.optimizer.learning_rate = 1e-6
     c.rl.optimizer.grad_clip = 0.3
     c.rl.sampling.temperature = 1.0

@@ -49,8 +49,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.num_steps = 2000
     c.rl.prompts_per_step = 128
     c.rl.rollouts_per_prompt = 16  # N0
-    c.rl.n_min = 2
-    c.rl.n_max = 64
+    c.rl.allocation.n_min = 2
+    c.rl.allocation.n_max = 64
     c.rl.optimizer.learning_rate = 1e-5
     c.rl.optimizer.grad_clip = 1.0
     c.rl.sampling.temperature = 1.0

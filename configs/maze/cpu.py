@@ -46,16 +46,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.num_steps = 32
     c.rl.prompts_per_step = 8
     c.rl.rollouts_per_prompt = 8
-    c.rl.n_min = 2
-    c.rl.n_max = 32
+    c.rl.allocation.n_min = 2
+    c.rl.allocation.n_max = 32
     c.rl.optimizer.learning_rate = 5e-5  # 3e-4 collapsed the policy in 2 steps (see docs)
-    c.rl.allocation.name = "sera"
     c.rl.checkpoint_every = 8
     c.rl.log_every = 4
     c.rl.mesh.data = -1
 
-    # Methods compared by the `rl`/`eval`/`all` stages: name -> overrides of `rl`.
-    c.methods = rl_config.comparison_methods()
+    # The comparison sets `rl.method` per run from `compare.methods` (names of
+    # sera_jax.methods.METHODS); overrides of `rl.allocation.*` apply to every method.
+    c.rl.method = None
     c.compare = ml_collections.ConfigDict()
     c.compare.methods = "uniform,sera"
     c.compare.seeds = "0,1,2"

@@ -35,8 +35,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.num_steps = 3000
     c.rl.prompts_per_step = 256
     c.rl.rollouts_per_prompt = 128
-    c.rl.n_min = 2
-    c.rl.n_max = 512
+    c.rl.allocation.n_min = 2
+    c.rl.allocation.n_max = 512
     c.rl.optimizer.learning_rate = 1e-4
     c.rl.sampling.temperature = 1.0
     c.rl.sampling.batch_size = 8192  # rows per sampler call (budget 32,768)

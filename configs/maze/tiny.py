@@ -28,8 +28,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.num_steps = 3
     c.rl.prompts_per_step = 2
     c.rl.rollouts_per_prompt = 4
-    c.rl.n_min = 2
-    c.rl.n_max = 6
+    c.rl.allocation.n_min = 2
+    c.rl.allocation.n_max = 6
     c.rl.checkpoint_every = 1
     c.rl.log_every = 1
     c.eval.num_samples = 8

@@ -9,8 +9,12 @@ on the host before anything is compiled and raises ValueError naming the field.
 
 from __future__ import annotations
 
-import ml_collections
+import math
 
+import ml_collections
+from ml_collections.config_dict import placeholder
+
+from sera_jax import methods as methods_lib
 from sera_jax.estimators import AGGREGATIONS
 
 UNSEEN_POLICIES = ("fill", "fallback")
@@ -23,27 +27,31 @@ def get_config() -> ml_collections.ConfigDict:
     c.num_steps = 100
     c.split = "train"
 
+    # The compared method: a key of sera_jax.methods.METHODS (allocator + options +
+    # multiplicity + estimator). A comparison study sets it per run from its method list.
+    c.method = "sera"
+
     # Batch: P prompts per step, budget B = P * N0 rollouts spent exactly each step.
     c.prompts_per_step = 8  # P
     c.rollouts_per_prompt = 8  # N0
-    c.n_min = 2
-    c.n_max = 32
 
-    # Allocation (sera_jax.allocation.ALLOCATORS).
+    # Allocation: bounds and the unseen policy apply to every method. The other fields
+    # override the method preset when set (None = the preset's value); an override the
+    # method's allocator does not use is an error, never dropped.
     c.allocation = ml_collections.ConfigDict()
-    # Any key of sera_jax.allocation.ALLOCATORS: 'sera' (mode/rounding/threshold below),
-    # 'sera_equalized', 'uniform' (plain MaxRL), 'inverse_p', 'knapsack', 'hit_utility'.
-    c.allocation.name = "sera"
-    c.allocation.mode = "dynamic"  # SERA: 'dynamic' | 'equalized' | 'uniform'
-    c.allocation.rounding = "leximin"  # SERA: 'leximin' | 'paper'
-    c.allocation.threshold = 0.05  # SERA dynamic active set: u(p, N) >= threshold
+    c.allocation.n_min = 2
+    c.allocation.n_max = 32
     # Unseen prompts (no history yet): 'fill' = only they get N0 [ours];
     # 'fallback' = the whole batch falls back to uniform N0 [paper].
     c.allocation.unseen = "fill"
-    c.allocation.multiplicity = True  # w_q = N0 / N_q (False: the ablation w_q = 1)
+    c.allocation.name = placeholder(str)  # allocator (sera_jax.allocation.ALLOCATORS)
+    c.allocation.mode = placeholder(str)  # sera: 'dynamic' | 'equalized' | 'uniform'
+    c.allocation.rounding = placeholder(str)  # sera: 'leximin' | 'paper'
+    c.allocation.threshold = placeholder(float)  # sera dynamic active set: u(p, N) >= θ
+    c.allocation.multiplicity = placeholder(bool)  # w_q = N0 / N_q (False: w_q = 1)
 
     # Estimator (sera_jax.estimators.ADVANTAGE_ESTIMATORS) and loss aggregation.
-    c.estimator = "maxrl"
+    c.estimator = placeholder(str)  # None = the method's (MaxRL for all but grpo)
     c.aggregation = "token_mean"
     c.loss_norm_length = 0  # L of 'seq_mean_token_sum_norm'; 0 = max_new_tokens
 
@@ -95,74 +103,118 @@ def _check(cond: bool, field: str, value, allowed: str) -> None:
         raise ValueError(f"config.{field}={value!r} is invalid; allowed: {allowed}")
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
-    """Raise ValueError naming the field for any inconsistent setting (host-side, before jit)."""
-    from sera_jax.allocation import ALLOCATORS
-    from sera_jax.estimators import ADVANTAGE_ESTIMATORS
+def _number(x) -> bool:
+    """A real finite number (bools are not numbers here: `True` is no learning rate)."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
+
+def _int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def method_overrides(config: ml_collections.ConfigDict) -> dict:
+    """The user's overrides of the method preset (`allocation.*`, `estimator`; None = unset)."""
+    a = config.allocation
+    return {"allocator": a.name, "mode": a.mode, "rounding": a.rounding,
+            "threshold": a.threshold, "multiplicity": a.multiplicity,
+            "estimator": config.estimator}
+
+
+def method(config: ml_collections.ConfigDict) -> methods_lib.Method:
+    """The run's method: `config.method`'s preset with the config's overrides applied."""
+    if config.method is None:
+        raise ValueError("config.method is not set; choose one of "
+                         f"{sorted(methods_lib.METHODS)}")
+    return methods_lib.resolve(config.method, method_overrides(config))
+
+
+def with_method(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+    """A copy of `config` for method `name` with every method field resolved.
+
+    The returned config states what the run does (allocator, its options, multiplicity,
+    estimator), so it is what a run saves and fingerprints; resolving it again gives the
+    same method. Raises ValueError when an override does not apply to `name`.
+    """
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.method = name
+    m = method(c)
+    c.allocation.name = m.allocator
+    for key in ("mode", "rounding", "threshold"):
+        c.allocation[key] = m.options.get(key, c.allocation[key])
+    c.allocation.multiplicity = m.multiplicity
+    c.estimator = m.estimator
+    return c
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Raise ValueError naming the field for any invalid setting (host-side, before any work).
+
+    Numbers must be finite (an `inf` learning rate is refused, not trained with), and the
+    method with its overrides must resolve (`method`).
+    """
     c = config
-    _check(isinstance(c.num_steps, int) and c.num_steps >= 0, "num_steps", c.num_steps,
+    a = c.allocation
+    _check(_int(c.num_steps) and c.num_steps >= 0, "num_steps", c.num_steps,
            "an integer >= 0")
-    _check(c.prompts_per_step >= 1, "prompts_per_step", c.prompts_per_step, ">= 1")
-    _check(c.rollouts_per_prompt >= 1, "rollouts_per_prompt", c.rollouts_per_prompt, ">= 1")
+    _check(_int(c.seed), "seed", c.seed, "an integer")
+    _check(_int(c.prompts_per_step) and c.prompts_per_step >= 1, "prompts_per_step",
+           c.prompts_per_step, "an integer >= 1")
+    _check(_int(c.rollouts_per_prompt) and c.rollouts_per_prompt >= 1, "rollouts_per_prompt",
+           c.rollouts_per_prompt, "an integer >= 1")
     # The centered MaxRL factor 1-(1-p)^(N-1) is 0 at N=1: a group needs two rollouts.
-    _check(2 <= c.n_min <= c.n_max, "n_min", c.n_min, f"2 <= n_min <= n_max={c.n_max}")
-    _check(c.n_min <= c.rollouts_per_prompt <= c.n_max, "rollouts_per_prompt",
-           c.rollouts_per_prompt, f"n_min={c.n_min} <= N0 <= n_max={c.n_max}")
-    _check(c.allocation.name in ALLOCATORS, "allocation.name", c.allocation.name,
-           f"one of {sorted(ALLOCATORS)}")
-    _check(c.allocation.unseen in UNSEEN_POLICIES, "allocation.unseen", c.allocation.unseen,
+    _check(_int(a.n_min) and _int(a.n_max) and 2 <= a.n_min <= a.n_max, "allocation.n_min",
+           a.n_min, f"an integer, 2 <= n_min <= n_max={a.n_max}")
+    _check(a.n_min <= c.rollouts_per_prompt <= a.n_max, "rollouts_per_prompt",
+           c.rollouts_per_prompt, f"n_min={a.n_min} <= N0 <= n_max={a.n_max}")
+    _check(a.unseen in UNSEEN_POLICIES, "allocation.unseen", a.unseen,
            f"one of {UNSEEN_POLICIES}")
-    _check(c.estimator in ADVANTAGE_ESTIMATORS, "estimator", c.estimator,
-           f"one of {sorted(ADVANTAGE_ESTIMATORS)}")
+    try:
+        method(c)
+    except ValueError as e:
+        raise ValueError(f"config.method={c.method!r} / config.allocation: {e}") from None
     _check(c.aggregation in AGGREGATIONS, "aggregation", c.aggregation, f"one of {AGGREGATIONS}")
-    _check(c.loss_norm_length >= 0, "loss_norm_length", c.loss_norm_length, ">= 0")
+    _check(_int(c.loss_norm_length) and c.loss_norm_length >= 0, "loss_norm_length",
+           c.loss_norm_length, "an integer >= 0")
     h = c.history
-    _check(h.alpha > 0, "history.alpha", h.alpha, "> 0")
-    _check(h.beta > 0, "history.beta", h.beta, "> 0")
-    _check(0.0 <= h.gamma <= 1.0, "history.gamma", h.gamma, "[0, 1]")
+    _check(_number(h.alpha) and h.alpha > 0, "history.alpha", h.alpha, "a finite number > 0")
+    _check(_number(h.beta) and h.beta > 0, "history.beta", h.beta, "a finite number > 0")
+    _check(_number(h.gamma) and 0.0 <= h.gamma <= 1.0, "history.gamma", h.gamma, "[0, 1]")
     o = c.optimizer
-    _check(o.learning_rate >= 0, "optimizer.learning_rate", o.learning_rate, ">= 0")
-    _check(0 <= o.b1 < 1, "optimizer.b1", o.b1, "[0, 1)")
-    _check(0 <= o.b2 < 1, "optimizer.b2", o.b2, "[0, 1)")
-    _check(o.weight_decay >= 0, "optimizer.weight_decay", o.weight_decay, ">= 0")
-    _check(o.grad_clip >= 0, "optimizer.grad_clip", o.grad_clip, ">= 0 (0 = no clipping)")
+    _check(_number(o.learning_rate) and o.learning_rate >= 0, "optimizer.learning_rate",
+           o.learning_rate, "a finite number >= 0")
+    _check(_number(o.b1) and 0 <= o.b1 < 1, "optimizer.b1", o.b1, "[0, 1)")
+    _check(_number(o.b2) and 0 <= o.b2 < 1, "optimizer.b2", o.b2, "[0, 1)")
+    _check(_number(o.eps) and o.eps > 0, "optimizer.eps", o.eps, "a finite number > 0")
+    _check(_number(o.weight_decay) and o.weight_decay >= 0, "optimizer.weight_decay",
+           o.weight_decay, "a finite number >= 0")
+    _check(_number(o.grad_clip) and o.grad_clip >= 0, "optimizer.grad_clip", o.grad_clip,
+           "a finite number >= 0 (0 = no clipping)")
     budget = c.prompts_per_step * c.rollouts_per_prompt
     for field, size in (("micro_batch_size", c.micro_batch_size),
                         ("sampling.batch_size", c.sampling.batch_size)):
-        _check(size >= 0 and (size == 0 or budget % size == 0), field, size,
+        _check(_int(size) and size >= 0 and (size == 0 or budget % size == 0), field, size,
                f"0 or a divisor of the budget P*N0={budget}")
     s = c.sampling
-    _check(s.temperature >= 0, "sampling.temperature", s.temperature, ">= 0 (0 = greedy)")
-    _check(0 < s.top_p <= 1, "sampling.top_p", s.top_p, "(0, 1]")
-    _check(s.top_k >= 0, "sampling.top_k", s.top_k, ">= 0 (0 = off)")
+    _check(_number(s.temperature) and s.temperature >= 0, "sampling.temperature",
+           s.temperature, "a finite number >= 0 (0 = greedy)")
+    _check(_number(s.top_p) and 0 < s.top_p <= 1, "sampling.top_p", s.top_p, "(0, 1]")
+    _check(_int(s.top_k) and s.top_k >= 0, "sampling.top_k", s.top_k, ">= 0 (0 = off)")
+    validate_mesh(c.mesh)
+    _check(_int(c.checkpoint_every) and c.checkpoint_every >= 0, "checkpoint_every",
+           c.checkpoint_every, ">= 0 (0 = off)")
+    _check(_int(c.max_checkpoints_to_keep) and c.max_checkpoints_to_keep >= 1,
+           "max_checkpoints_to_keep", c.max_checkpoints_to_keep, ">= 1")
+    _check(_int(c.log_every) and c.log_every >= 1, "log_every", c.log_every, ">= 1")
+
+
+def validate_mesh(mesh: ml_collections.ConfigDict, prefix: str = "mesh") -> None:
+    """`mesh.{data,fsdp,tensor}`: sizes >= 1 or -1 (fill with the remaining devices)."""
     for axis in ("data", "fsdp", "tensor"):
-        size = c.mesh[axis]
-        _check(size == -1 or size >= 1, f"mesh.{axis}", size, ">= 1 or -1 (fill)")
-    _check(c.checkpoint_every >= 0, "checkpoint_every", c.checkpoint_every, ">= 0 (0 = off)")
-    _check(c.max_checkpoints_to_keep >= 1, "max_checkpoints_to_keep",
-           c.max_checkpoints_to_keep, ">= 1")
-    _check(c.log_every >= 1, "log_every", c.log_every, ">= 1")
+        size = mesh[axis]
+        _check(_int(size) and (size == -1 or size >= 1), f"{prefix}.{axis}", size,
+               ">= 1 or -1 (fill)")
 
 
 def budget(config: ml_collections.ConfigDict) -> int:
     """Rollouts per step B = P * N0 (spent exactly by every allocator)."""
     return int(config.prompts_per_step * config.rollouts_per_prompt)
-
-
-def comparison_methods() -> ml_collections.ConfigDict:
-    """The methods an experiment can compare: name -> overrides of the trainer config.
-
-    `uniform` is plain MaxRL (N0 each); `sera` is the published recipe (dynamic active set +
-    multiplicity correction); then SERA's ablations, the peer allocators, and GRPO.
-    """
-    m = ml_collections.ConfigDict()
-    m.uniform = {"allocation": {"name": "uniform"}}
-    m.sera = {"allocation": {"name": "sera", "mode": "dynamic", "multiplicity": True}}
-    m.sera_no_multiplicity = {
-        "allocation": {"name": "sera", "mode": "dynamic", "multiplicity": False}}
-    m.sera_equalized = {"allocation": {"name": "sera", "mode": "equalized", "multiplicity": True}}
-    for peer in ("inverse_p", "knapsack", "hit_utility"):
-        m[peer] = {"allocation": {"name": peer}}
-    m.grpo = {"allocation": {"name": "uniform"}, "estimator": "grpo"}
-    return m

@@ -39,138 +39,32 @@ samples, as most public RL code does.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import inspect
-import math
-import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from absl import logging
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from sera_jax import checkpoint as ckpt_lib
 from sera_jax import history as history_lib
 from sera_jax import sharding as shd
-from sera_jax.allocation import get_allocator
 from sera_jax.estimators import get_advantage_estimator, policy_gradient_loss, rollout_weights
+from sera_jax.loop import guarded_update
 from sera_jax.models.decoder import token_logprobs
 from sera_jax.rl import config as config_lib
+from sera_jax.rl.data import epoch_permutation, next_prompt_ids
+from sera_jax.rl.state import RolloutBatch, Rollouts, TrainState
 from sera_jax.sampling import SamplingConfig, default_row_keys, expand_prompts, generate
+from sera_jax.scaling import kappa
 from sera_jax.tasks.base import RLTask, left_pad
 
 #: Compiled train-step programs shared by Trainers of the same run shape (see Trainer).
 _PROGRAMS: dict[Any, tuple] = {}
-
-
-@flax.struct.dataclass
-class TrainState:
-    """Everything a resumed run needs (a pytree of arrays; checkpointed as a whole).
-
-    params: the policy's `nnx.State` (merge with `Trainer.graphdef`).
-    opt_state: optax AdamW (+ clip) state.
-    history: `SuccessHistory` over the split's prompt ids.
-    key: uint32[2] raw PRNG key data (`jax.random.key_data`), split once per step.
-    step: int32[], optimiser updates done.
-    epoch, cursor: int32[], data position: the next prompt is
-      `epoch_permutation(seed, epoch, M)[cursor]`.
-    """
-
-    params: Any
-    opt_state: Any
-    history: history_lib.SuccessHistory
-    key: jax.Array
-    step: jax.Array
-    epoch: jax.Array
-    cursor: jax.Array
-
-
-@flax.struct.dataclass
-class RolloutBatch:
-    """The flat rollout batch of one step, all `[B, ...]` (rows sharded over the batch axes)."""
-
-    prompt_tokens: jax.Array  # int32 [B, W], left-padded
-    prompt_mask: jax.Array  # bool [B, W]
-    completion_tokens: jax.Array  # int32 [B, T]
-    completion_mask: jax.Array  # bool [B, T], True on generated tokens (stop included)
-    advantages: jax.Array  # float32 [B]
-    weights: jax.Array  # float32 [B], multiplicity weight of the row's prompt
-
-
-@dataclasses.dataclass
-class Rollouts:
-    """Host (NumPy) record of one step's rollouts; rows are grouped by prompt.
-
-    P-shaped: prompt_ids (dataset ids), p_hat (NaN = unseen), counts N_q, prompt_weights
-    (w_q used by the loss). B-shaped: segment_ids, prompt_tokens/prompt_mask [B, W],
-    completion_tokens [B, T], lengths, truncated, rewards, advantages, weights.
-    """
-
-    prompt_ids: np.ndarray
-    p_hat: np.ndarray
-    counts: np.ndarray
-    prompt_weights: np.ndarray
-    segment_ids: np.ndarray
-    prompt_tokens: np.ndarray
-    prompt_mask: np.ndarray
-    completion_tokens: np.ndarray
-    lengths: np.ndarray
-    truncated: np.ndarray
-    rewards: np.ndarray
-    advantages: np.ndarray
-    weights: np.ndarray
-    epoch: int
-    cursor: int
-    sample_time: float
-
-    @property
-    def completion_mask(self) -> np.ndarray:
-        """bool [B, T]: generated tokens (stop token included)."""
-        return np.arange(self.completion_tokens.shape[1])[None, :] < self.lengths[:, None]
-
-
-# ----------------------------------------------------------------------------- data order
-
-
-def epoch_permutation(seed: int, epoch: int, num_prompts: int) -> np.ndarray:
-    """The prompt order of `epoch`: a permutation of 0..num_prompts-1 fixed by (seed, epoch).
-
-    Host NumPy (`default_rng([seed, epoch])`), so every process and every resumed run gets
-    the same order without communication.
-    """
-    return np.random.default_rng([int(seed), int(epoch)]).permutation(num_prompts)
-
-
-def next_prompt_ids(
-    seed: int, num_prompts: int, batch: int, epoch: int, cursor: int
-) -> tuple[np.ndarray, int, int, int]:
-    """The next `batch` prompt ids from data position (epoch, cursor).
-
-    Returns `(ids, epoch, cursor, epochs_started)`. A batch that reaches the end of the
-    epoch's order continues with the next epoch's permutation (so no prompt is skipped and
-    every epoch visits every prompt exactly once); `epochs_started` counts the epoch
-    boundaries crossed *before* the batch's last prompt (the trainer calls
-    `history.start_epoch` that many times before allocating).
-    """
-    if not 1 <= batch <= num_prompts:
-        raise ValueError(f"prompts_per_step={batch} must be in [1, split size={num_prompts}]")
-    ids, started = [], 0
-    while len(ids) < batch:
-        if cursor >= num_prompts:
-            epoch, cursor, started = epoch + 1, 0, started + 1
-        take = min(batch - len(ids), num_prompts - cursor)
-        ids.extend(epoch_permutation(seed, epoch, num_prompts)[cursor : cursor + take].tolist())
-        cursor += take
-    return np.asarray(ids, np.int32), epoch, cursor, started
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -182,21 +76,6 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
     adamw = optax.adamw(o.learning_rate, b1=o.b1, b2=o.b2, eps=o.eps,
                         weight_decay=o.weight_decay)
     return optax.chain(optax.clip_by_global_norm(o.grad_clip), adamw) if o.grad_clip > 0 else adamw
-
-
-def allocator_kwargs(fn: Callable, config: ml_collections.ConfigDict, shift: int) -> dict:
-    """The config's allocation options that `fn` accepts (allocators share a core signature
-    `(p, budget, *, n_min, n_max, ...)`; SERA also takes mode/rounding/threshold/unseen)."""
-    a = config.allocation
-    candidates = {"n_min": config.n_min, "n_max": config.n_max, "mode": a.mode,
-                  "rounding": a.rounding, "threshold": a.threshold, "shift": shift,
-                  "unseen": a.unseen}
-    # A registry entry may be a partial with options bound (e.g. mode="equalized"): those win.
-    bound = set(fn.keywords) if isinstance(fn, functools.partial) else set()
-    params = inspect.signature(fn).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        candidates = {k: v for k, v in candidates.items() if k in params}
-    return {k: v for k, v in candidates.items() if k not in bound}
 
 
 def _split_micro(x: jax.Array, num_micro: int, mesh: Mesh) -> jax.Array:
@@ -274,11 +153,11 @@ class Trainer:
             if rows % divisor:
                 raise ValueError(f"config.{field} gives {rows} rows per call, not a multiple of "
                                  f"the {divisor} batch shards of mesh {dict(self.mesh.shape)}")
-        self.estimator = get_advantage_estimator(config.estimator)
-        self.allocator = get_allocator(config.allocation.name)
-        shift = self.estimator.kappa_shift if self.estimator.kappa_shift is not None else 1
-        self.kappa_shift = shift
-        self.allocator_kwargs = allocator_kwargs(self.allocator, config, shift)
+        # The method (allocator + options + multiplicity + estimator) with the config's
+        # overrides applied; `validate` has already checked that every override applies.
+        self.method = config_lib.method(config)
+        self.estimator = get_advantage_estimator(self.method.estimator)
+        self.kappa_shift = self.method.kappa_shift
         self.tx = make_optimizer(config)
 
         s = config.sampling
@@ -377,11 +256,7 @@ class Trainer:
 
         def train_step(params, opt_state, batch: RolloutBatch):
             loss, grads = gradients(params, batch)
-            grad_norm = optax.global_norm(grads)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            params = optax.apply_updates(params, updates)
-            return params, opt_state, {"loss": loss, "grad_norm": grad_norm,
-                                       "param_norm": optax.global_norm(params)}
+            return guarded_update(tx, params, opt_state, loss, grads)
 
         rows = lambda ndim: shd.batch_sharding(mesh, ndim)  # noqa: E731
         batch_shardings = RolloutBatch(rows(2), rows(2), rows(2), rows(2), rows(1), rows(1))
@@ -431,10 +306,11 @@ class Trainer:
 
         # Allocate on host values: identical on every process, validated before any jit.
         p_hat = shd.to_host(history_lib.lookup(history, jnp.asarray(ids)))
-        alloc = self.allocator(jnp.asarray(p_hat), self.budget, **self.allocator_kwargs)
+        a = c.allocation
+        alloc = self.method.allocate(jnp.asarray(p_hat), self.budget, n_min=a.n_min,
+                                     n_max=a.n_max, unseen=a.unseen)
         counts = shd.to_host(alloc.counts).astype(np.int32)
-        prompt_weights = (shd.to_host(alloc.weights).astype(np.float32) if c.allocation.multiplicity
-                          else (counts > 0).astype(np.float32))
+        prompt_weights = self.method.prompt_weights(counts, shd.to_host(alloc.weights))
 
         prompts, pmask = left_pad(task.prompt_tokens(c.split, ids.tolist()),
                                   int(task.max_prompt_len), int(task.pad_id))
@@ -502,9 +378,7 @@ class Trainer:
                                                                       1e-9))
         return (new_state, metrics, rollouts) if return_rollouts else (new_state, metrics)
 
-    def _metrics(self, r: Rollouts) -> dict[str, float]:
-        from sera_jax.scaling import kappa
-
+    def _metrics(self, r: Rollouts) -> dict[str, float | None]:
         p_hat, counts, segment_ids, rewards = r.p_hat, r.counts, r.segment_ids, r.rewards
         lengths, truncated = r.lengths, r.truncated
         active = counts > 0
@@ -516,8 +390,8 @@ class Trainer:
             k = np.asarray(kappa(jnp.asarray(p_hat[seen]), jnp.asarray(counts[seen]),
                                  self.kappa_shift))
             kappa_min, kappa_mean = float(k.min()), float(k.mean())
-        else:  # no estimate yet (first epoch): κ undefined
-            kappa_min = kappa_mean = math.nan
+        else:  # no estimate yet (first epoch): κ is undefined, recorded as None
+            kappa_min = kappa_mean = None
         return {
             "reward_mean": float(rewards.mean()),
             "mixed_fraction": float(mixed.sum() / max(active.sum(), 1)),
@@ -532,112 +406,42 @@ class Trainer:
         }
 
 
-# ----------------------------------------------------------------------------- run
+class RLProgram:
+    """A `Trainer` from the initial policy `model` as a `sera_jax.loop.Program`."""
+
+    def __init__(self, trainer: Trainer, model: nnx.Module):
+        self.trainer, self.model = trainer, model
+
+    def init_state(self) -> TrainState:
+        return self.trainer.init_state(self.model)
+
+    def abstract_state(self, state: TrainState) -> TrainState:
+        return self.trainer.abstract_state(state)
+
+    def step(self, state: TrainState, step: int) -> tuple[TrainState, dict[str, float | None]]:
+        return self.trainer.step(state)
+
+    def position(self, state: TrainState) -> dict[str, int]:
+        return {"epoch": int(shd.to_host(state.epoch)), "cursor": int(shd.to_host(state.cursor))}
+
+
+#: Fingerprint fields (under the run's `rl.`) that a resumed RL run may change: how long and
+#: how often, never what (the learning rate is constant, so a longer run continues exactly).
+RESUMABLE = ("rl.num_steps", "rl.log_every", "rl.checkpoint_every", "rl.max_checkpoints_to_keep",
+             "rl.multihost")
 
 
 def initialize_distributed(config: ml_collections.ConfigDict) -> bool:
-    """`jax.distributed.initialize` when `config.multihost.enabled` (call before any JAX op)."""
+    """`jax.distributed.initialize` when `config.multihost.enabled` (before any JAX op)."""
     m = config.multihost
     return shd.initialize_distributed(m.enabled, m.coordinator_address or None,
                                       m.num_processes or None,
                                       m.process_id if m.process_id >= 0 else None)
 
 
-def checkpoint_meta(config: ml_collections.ConfigDict, state: TrainState) -> dict[str, Any]:
-    """JSON metadata stored next to the state (human-readable data position and config)."""
-    return {"step": int(shd.to_host(state.step)), "epoch": int(shd.to_host(state.epoch)),
-            "cursor": int(shd.to_host(state.cursor)), "config": ckpt_lib.config_meta(config)}
-
-
-#: Config fields that may change when a run is resumed (how long and how often, not what).
-RESUMABLE_FIELDS = ("num_steps", "log_every", "checkpoint_every", "max_checkpoints_to_keep",
-                    "multihost")
-
-
-def check_resume_config(meta: Mapping[str, Any], config: ml_collections.ConfigDict,
-                        directory: str) -> None:
-    """`sera_jax.checkpoint.check_resume_config` with the RL `RESUMABLE_FIELDS`."""
-    ckpt_lib.check_resume_config(meta, config, directory, RESUMABLE_FIELDS)
-
-
-class MetricWriter:
-    """TensorBoard scalars (tensorboardX, process 0 only) plus a periodic log line."""
-
-    def __init__(self, logdir: str | None, log_every: int):
-        self.log_every = log_every
-        self._writer = None
-        if logdir and jax.process_index() == 0:
-            from tensorboardX import SummaryWriter
-
-            self._writer = SummaryWriter(logdir)
-
-    def write(self, step: int, metrics: Mapping[str, float]) -> None:
-        if self._writer is not None:
-            for name, value in metrics.items():
-                self._writer.add_scalar(name, value, step)
-        if step % self.log_every == 0 or step == 1:
-            keys = ("reward_mean", "mixed_fraction", "rollouts_min", "rollouts_max",
-                    "kappa_min", "kappa_mean", "loss", "tokens_per_s", "step_time")
-            logging.info("step %d | %s", step, " ".join(
-                f"{k}={metrics[k]:.4g}" for k in keys if k in metrics))
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-
-
-def run(
-    config: ml_collections.ConfigDict,
-    task: RLTask,
-    model: nnx.Module,
-    workdir: str | os.PathLike,
-    *,
-    mesh: Mesh | None = None,
-    eval_fn: Callable[[Trainer, TrainState], Mapping[str, float]] | None = None,
-    eval_every: int = 0,
-) -> tuple[Trainer, TrainState]:
-    """Train for `config.num_steps` steps, resuming from the latest checkpoint in `workdir`.
-
-    Writes `workdir/checkpoints/<step>` every `config.checkpoint_every` steps and at the end,
-    TensorBoard scalars to `workdir/tensorboard`, and logs every `config.log_every` steps.
-    `model` supplies the graph and the initial parameters (ignored when resuming).
-    `eval_fn(trainer, state)` runs every `eval_every` steps (0 = never); its scalars go to
-    TensorBoard under `eval/`. In a multi-host job call `initialize_distributed(config)`
-    before creating the model; every process runs `run` with the same arguments.
-    """
-    if config.multihost.enabled and not jax.distributed.is_initialized():
-        raise ValueError("config.multihost.enabled is set but jax.distributed is not "
-                         "initialised: call sera_jax.rl.trainer.initialize_distributed(config) "
-                         "before any other JAX call")
-    workdir = os.fspath(workdir)
-    trainer = Trainer(config, task, model, mesh)
-    state = trainer.init_state(model)
-    checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                         max_to_keep=config.max_checkpoints_to_keep)
-    if checkpointer.latest_step() is not None:
-        state, meta = checkpointer.restore(trainer.abstract_state(state))
-        check_resume_config(meta, config, checkpointer.directory)
-        logging.info("resumed from %s at step %d (epoch %d, cursor %d)",
-                     checkpointer.directory, meta["step"], meta["epoch"], meta["cursor"])
-    writer = MetricWriter(os.path.join(workdir, "tensorboard"), config.log_every)
-    step = int(shd.to_host(state.step))
-    try:
-        while step < config.num_steps:
-            state, metrics = trainer.step(state)
-            step += 1
-            writer.write(step, metrics)
-            if eval_every and step % eval_every == 0 and eval_fn is not None:
-                writer.write(step, {f"eval/{k}": v for k, v in eval_fn(trainer, state).items()})
-            if (config.checkpoint_every and step % config.checkpoint_every == 0) or \
-                    step == config.num_steps:
-                checkpointer.save(step, state, checkpoint_meta(config, state))
-    finally:
-        checkpointer.close()
-        writer.close()
-    return trainer, state
-
-
 __all__ = [
+    "RESUMABLE",
+    "RLProgram",
     "RolloutBatch",
     "Rollouts",
     "TrainState",
@@ -647,5 +451,4 @@ __all__ = [
     "make_optimizer",
     "next_prompt_ids",
     "rollout_loss",
-    "run",
 ]

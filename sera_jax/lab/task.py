@@ -1,0 +1,207 @@
+"""The lab's task and policy: prompts with K candidate answers, a softmax over a shared scorer.
+
+Prompt x has K candidate answers a, each described by a feature vector φ(x, a) ∈ R^D, and a
+set C_x of correct answers (1 ≤ |C_x| ≤ `max_correct`). The policy is
+
+    π_θ(a | x) = softmax_a( b(x, a) + f_θ(φ(x, a)) ),
+
+with frozen base logits b (the "pretrained" model: they set the initial difficulty) and a
+scorer f_θ shared by every prompt -- linear, f = w·φ, or linear + a small tanh MLP -- so a
+step on one prompt moves the others (generalisation, as in the LM studies). Its exact
+success probability is the softmax mass on the correct answers,
+
+    p_θ(x) = Σ_{a ∈ C_x} π_θ(a | x),   log p = logsumexp_{a ∈ C_x} log π(a | x),
+
+and the exact likelihood gradient of a set of prompts is ∇_θ mean_x log p_θ(x) (autodiff of
+that closed form). Analytic pass@k = 1 − (1 − p)^k is `scaling.kappa(p, k, shift=0)`.
+
+Generative model of a task instance (all `jax.random`, so it vmaps over seeds):
+
+* G skills with unit teacher directions t_g ∈ R^d; prompt x has skill g(x) (uniform);
+* φ(x, a) = [ε_{x,a}, e_{g(x)}] with ε ~ N(0, I_d) and e_g the one-hot skill code (a linear
+  scorer cannot use the code -- it is the same for every answer of a prompt -- an MLP can);
+* C_x = the |C_x| answers with the largest teacher score t_{g(x)}·ε_{x,a};
+* the initial success probability p0(x) is drawn from the difficulty distribution (a
+  mixture of Beta laws), clipped to [`p_floor`, 1 − `p_floor`]; incorrect answers get
+  b = σ_b·N(0, 1) and every correct answer the same b = β_x solving p_{θ=0}(x) = p0(x):
+  β_x = log(p0/(1 − p0)) + log Σ_{a ∉ C} e^{b_a} − log |C_x|. The scorer starts at 0, so
+  the initial policy has exactly these p0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+
+from sera_jax import scaling
+
+#: Named initial difficulty distributions: mixtures of Beta(a, b) laws as (weight, a, b).
+DIFFICULTIES: dict[str, tuple[tuple[float, float, float], ...]] = {
+    # Like the maze SFT policy: most prompts at 3-30 %, some (15 %) near 0.
+    "maze": ((0.85, 2.0, 14.0), (0.15, 0.5, 400.0)),
+    # Like a classifier's p over a hard dataset: p from ~0 to ~1, piled up at both ends.
+    "imagenet": ((0.5, 0.25, 2.0), (0.5, 0.6, 0.4)),
+    "uniform": ((1.0, 1.0, 1.0),),
+    # Mostly hard: mean 2.4 %, a long tail towards 0.
+    "hard": ((1.0, 0.5, 20.0),),
+}
+#: Mixture components carried as arrays (padded with zero weight): no recompilation per law.
+MAX_COMPONENTS = 4
+
+
+@flax.struct.dataclass
+class LabTask:
+    """One split of a task instance (arrays; M prompts, K answers, D features)."""
+
+    features: Array  # float32[M, K, D]: φ(x, a) = [ε, one-hot skill]
+    base_logits: Array  # float32[M, K]: frozen b(x, a)
+    correct: Array  # bool[M, K]: a ∈ C_x
+    skill: Array  # int32[M]: g(x)
+    p0: Array  # float32[M]: the initial success probability (target of the base logits)
+
+    @property
+    def num_prompts(self) -> int:
+        return self.correct.shape[0]
+
+
+def difficulty_array(spec: str | Sequence[Sequence[float]]) -> np.ndarray:
+    """float32[MAX_COMPONENTS, 3] rows (weight, a, b) of a named law (`DIFFICULTIES`) or of
+    explicit (weight, a, b) triples; weights are normalised, padding rows have weight 0."""
+    if isinstance(spec, str):
+        if spec not in DIFFICULTIES:
+            raise ValueError(f"difficulty={spec!r}; valid names: {sorted(DIFFICULTIES)} or a "
+                             "tuple of (weight, a, b) Beta components")
+        spec = DIFFICULTIES[spec]
+    rows = np.asarray(spec, np.float64).reshape(-1, 3)
+    if not 1 <= len(rows) <= MAX_COMPONENTS:
+        raise ValueError(f"difficulty needs 1..{MAX_COMPONENTS} (weight, a, b) components, "
+                         f"got {len(rows)}")
+    if not (np.all(rows > 0) and np.all(np.isfinite(rows))):
+        raise ValueError(f"difficulty components must be finite and > 0, got {rows.tolist()}")
+    rows[:, 0] /= rows[:, 0].sum()
+    out = np.zeros((MAX_COMPONENTS, 3), np.float32)
+    out[:, 1:] = 1.0
+    out[: len(rows)] = rows
+    return out
+
+
+def sample_difficulty(key: Array, law: Array, num: int) -> Array:
+    """float32[num] draws from the Beta mixture `law` (rows (weight, a, b))."""
+    k_comp, k_beta = jax.random.split(key)
+    comp = jax.random.categorical(k_comp, jnp.log(jnp.maximum(law[:, 0], 1e-30)), shape=(num,))
+    a, b = law[comp, 1], law[comp, 2]
+    return jax.random.beta(k_beta, a, b)
+
+
+def make_split(key: Array, teachers: Array, law: Array, cfg: Mapping[str, Any],
+               num: int) -> LabTask:
+    """`num` prompts of a task instance with teacher directions `teachers` [G, d]."""
+    k_skill, k_eps, k_nc, k_base, k_p = jax.random.split(key, 5)
+    num_skills, d = teachers.shape
+    k = int(cfg["num_answers"])
+    skill = jax.random.randint(k_skill, (num,), 0, num_skills)
+    eps = jax.random.normal(k_eps, (num, k, d))
+    teacher = jnp.einsum("mkd,md->mk", eps, teachers[skill])
+    n_correct = jax.random.randint(k_nc, (num,), 1, int(cfg["max_correct"]) + 1)
+    rank = jnp.argsort(jnp.argsort(-teacher, axis=1), axis=1)  # 0 = best answer
+    correct = rank < n_correct[:, None]
+    floor = float(cfg["p_floor"])
+    p0 = jnp.clip(sample_difficulty(k_p, law, num), floor, 1.0 - floor)
+    noise = float(cfg["base_logit_scale"]) * jax.random.normal(k_base, (num, k))
+    wrong_lse = jax.nn.logsumexp(jnp.where(correct, -jnp.inf, noise), axis=1)
+    beta = jnp.log(p0) - jnp.log1p(-p0) + wrong_lse - jnp.log(n_correct.astype(jnp.float32))
+    base = jnp.where(correct, beta[:, None], noise)
+    code = jax.nn.one_hot(skill, num_skills)
+    features = jnp.concatenate([eps, jnp.broadcast_to(code[:, None, :], (num, k, num_skills))],
+                               axis=-1)
+    return LabTask(features=features, base_logits=base, correct=correct,
+                   skill=skill.astype(jnp.int32), p0=p0)
+
+
+def make_task(key: Array, law: Array, cfg: Mapping[str, Any]) -> tuple[LabTask, LabTask]:
+    """(train, held-out) splits of one task instance: shared skills and teachers."""
+    k_t, k_train, k_test = jax.random.split(key, 3)
+    t = jax.random.normal(k_t, (int(cfg["num_skills"]), int(cfg["feature_dim"])))
+    teachers = t / jnp.linalg.norm(t, axis=1, keepdims=True)
+    return (make_split(k_train, teachers, law, cfg, int(cfg["num_train"])),
+            make_split(k_test, teachers, law, cfg, int(cfg["num_test"])))
+
+
+# ----------------------------------------------------------------------------- policy
+
+
+def init_params(key: Array, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Scorer parameters with f_θ ≡ 0 (so π starts at softmax(b)): the linear weights are 0;
+    the MLP (`scorer == "mlp"`) has random first layer W1 ~ N(0, 1/D) and zero output."""
+    dim = int(cfg["feature_dim"]) + int(cfg["num_skills"])
+    params: dict[str, Any] = {"linear": jnp.zeros((dim,), jnp.float32)}
+    if cfg["scorer"] == "mlp":
+        width = int(cfg["mlp_width"])
+        params["mlp"] = {
+            "w1": jax.random.normal(key, (dim, width)) / np.sqrt(dim),
+            "b1": jnp.zeros((width,), jnp.float32),
+            "w2": jnp.zeros((width,), jnp.float32),
+        }
+    elif cfg["scorer"] != "linear":
+        raise ValueError(f"scorer={cfg['scorer']!r}; allowed 'linear' or 'mlp'")
+    return params
+
+
+def logits(params: Mapping[str, Any], task: LabTask) -> Array:
+    """float32[M, K]: b(x, a) + w·φ(x, a) (+ w2·tanh(W1ᵀφ + b1))."""
+    z = task.base_logits + task.features @ params["linear"]
+    if "mlp" in params:
+        m = params["mlp"]
+        z = z + jnp.tanh(task.features @ m["w1"] + m["b1"]) @ m["w2"]
+    return z
+
+
+def log_policy(params: Mapping[str, Any], task: LabTask) -> Array:
+    """log π_θ(a | x), float32[M, K]."""
+    return jax.nn.log_softmax(logits(params, task), axis=-1)
+
+
+def log_success_probs(params: Mapping[str, Any], task: LabTask) -> Array:
+    """Exact log p_θ(x) = logsumexp_{a ∈ C_x} log π(a | x), float32[M]."""
+    lp = log_policy(params, task)
+    return jax.nn.logsumexp(jnp.where(task.correct, lp, -jnp.inf), axis=-1)
+
+
+def success_probs(params: Mapping[str, Any], task: LabTask) -> Array:
+    """Exact p_θ(x) = Σ_{a ∈ C_x} π(a | x), float32[M]."""
+    return jnp.exp(log_success_probs(params, task))
+
+
+def mean_log_p(params: Mapping[str, Any], task: LabTask, ids: Array | None = None) -> Array:
+    """mean_{x ∈ ids} log p_θ(x): its gradient is the exact likelihood gradient."""
+    lp = log_success_probs(params, task)
+    return jnp.mean(lp if ids is None else lp[ids])
+
+
+def exact_gradient(params: Mapping[str, Any], task: LabTask, ids: Array | None = None) -> Any:
+    """∇_θ mean_{x ∈ ids} log p_θ(x) (the target of every MaxRL estimator)."""
+    return jax.grad(mean_log_p)(params, task, ids)
+
+
+def analytic_pass_at_k(p: Array, ks: Sequence[int]) -> Array:
+    """mean_x [1 − (1 − p_x)^k] for each k, float32[len(ks)] (`scaling.kappa` with s = 0)."""
+    k = jnp.asarray(ks, jnp.float32)
+    return jnp.mean(scaling.kappa(p[None, :], k[:, None], shift=0), axis=1)
+
+
+def sample_answers(log_pi: Array, u: Array) -> Array:
+    """Inverse-CDF draws: row r picks the first answer whose cumulative π exceeds u[r].
+
+    log_pi [R, K], u [R] uniforms in [0, 1). One uniform per rollout, so two methods that
+    draw rollout j of prompt x with the same policy and the same u get the same answer
+    (common random numbers).
+    """
+    cdf = jnp.cumsum(jnp.exp(log_pi), axis=-1)
+    a = jnp.sum(cdf < u[:, None] * cdf[:, -1:], axis=-1)
+    return jnp.minimum(a, log_pi.shape[-1] - 1).astype(jnp.int32)

@@ -1,0 +1,298 @@
+"""The one training loop of the LM studies: resume, fingerprint check, steps, records,
+evaluation, checkpoints. RL (`sera_jax.rl.trainer.Trainer`) and SFT (`sera_jax.sft`) are
+`Program`s it drives; a study adds what it needs through `Hooks`, never by forking the loop.
+
+    result = loop.run(program, run_dir, fingerprint=fp, resumable=RL_RESUMABLE,
+                      schedule=loop.Schedule(num_steps=32, checkpoint_every=8, eval_every=16),
+                      hooks=loop.Hooks(evaluate=my_eval))
+
+What one call does, in order:
+
+1. opens `<run_dir>/checkpoints`; when a checkpoint exists, compares its stored
+   fingerprint (the whole config that defines the run plus the identity of its starting
+   point) with `fingerprint` and refuses -- `CheckpointError` naming every changed field --
+   unless only fields under a `resumable` prefix differ; then restores the state;
+2. writes `<run_dir>/config.json` (only now: a refused run never overwrites it);
+3. drops records after the restored step from `train.jsonl` / `eval.jsonl` (that work is
+   redone exactly) and calls `hooks.on_start`;
+4. per step: `program.step`, the finite guard (a non-finite step has not been applied by
+   the program; the loop raises `NonFiniteError` naming the step and the last good
+   checkpoint, which is never rotated away because nothing is saved after it), one
+   `train.jsonl` record (undefined metrics are `null`), TensorBoard scalars (undefined
+   metrics are skipped), a log line every `log_every` steps;
+5. evaluation (`hooks.evaluate`) every `eval_every` steps and at the end; checkpoints
+   every `checkpoint_every` steps, at every evaluation and at the end.
+
+`stop_after` ends the call after that many steps, as a kill would (tests). Records are
+written by process 0 only; every process must call `run` (checkpoints are collective).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import optax
+from absl import logging
+
+from sera_jax import checkpoint as ckpt_lib
+from sera_jax.records import append_jsonl, read_jsonl, write_json, write_jsonl
+
+TRAIN_RECORDS = "train.jsonl"
+EVAL_RECORDS = "eval.jsonl"
+
+
+class NonFiniteError(RuntimeError):
+    """A step produced a non-finite loss, gradient norm or parameters (not applied)."""
+
+
+class Program(Protocol):
+    """What the loop drives. `step(state, step)` does update number `step + 1` and returns
+    `(new_state, metrics)`; metrics hold floats (None = undefined) and `finite` (0.0 when the
+    update was not applied because it was non-finite)."""
+
+    def init_state(self) -> Any: ...
+
+    def abstract_state(self, state: Any) -> Any: ...
+
+    def step(self, state: Any, step: int) -> tuple[Any, dict[str, float | None]]: ...
+
+    def position(self, state: Any) -> dict[str, int]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How long and how often: the fields a resume may change (see `RESUMABLE` lists)."""
+
+    num_steps: int
+    checkpoint_every: int = 0  # 0 = only at evaluations and at the end
+    eval_every: int = 0  # 0 = only at the end (when hooks.evaluate is set)
+    max_to_keep: int = 3
+    log_every: int = 10
+
+
+@dataclasses.dataclass
+class Hooks:
+    """Study-specific additions.
+
+    on_start(step, state): after resume and record truncation (e.g. the step-0 evaluation).
+    record(step, metrics) -> dict: extra fields of the step's train record.
+    evaluate(step, state, final) -> scalars | None: evaluation at eval steps; the scalars go
+      to TensorBoard under `eval/` (the hook writes its own records).
+    log_keys: metric names shown in the periodic log line.
+    """
+
+    on_start: Callable[[int, Any], None] | None = None
+    record: Callable[[int, dict], dict] | None = None
+    evaluate: Callable[[int, Any, bool], Mapping[str, float] | None] | None = None
+    log_keys: Sequence[str] = ("loss", "grad_norm", "reward_mean", "kappa_min", "step_time")
+
+
+@dataclasses.dataclass
+class Result:
+    state: Any
+    step: int
+    resumed_from: int | None
+    seconds: float
+
+
+# ----------------------------------------------------------------------------- finite guard
+
+
+def all_finite(tree: Any) -> jax.Array:
+    """bool[]: every element of every leaf of `tree` is finite."""
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
+
+
+def guarded_update(tx: optax.GradientTransformation, params: Any, opt_state: Any,
+                   loss: jax.Array, grads: Any) -> tuple[Any, Any, dict[str, jax.Array]]:
+    """One optimiser update that is applied only when it is finite (inside jit).
+
+    `finite = isfinite(loss) & isfinite(‖g‖) & all(isfinite(params'))`; when False the
+    returned params and optimiser state are the inputs, unchanged, and the metrics carry
+    `finite = 0` so the loop stops the run instead of training (or checkpointing) NaN.
+    """
+    grad_norm = optax.global_norm(grads)
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & all_finite(new_params)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+    params, opt_state = keep(new_params, params), keep(new_opt_state, opt_state)
+    return params, opt_state, {"loss": loss, "grad_norm": grad_norm,
+                               "param_norm": optax.global_norm(params),
+                               "finite": finite.astype(jnp.float32)}
+
+
+# ----------------------------------------------------------------------------- fingerprints
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, Mapping):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def canonical(tree: Any) -> Any:
+    """The JSON round trip of `tree` (tuples -> lists, ConfigDicts -> dicts), as stored."""
+    if hasattr(tree, "to_dict"):
+        tree = tree.to_dict()
+    return json.loads(json.dumps(tree, default=lambda x: x.to_dict() if hasattr(x, "to_dict")
+                                 else str(x)))
+
+
+def changed_fields(stored: Mapping, current: Mapping, resumable: Sequence[str] = ()
+                   ) -> list[str]:
+    """Dotted paths whose values differ between two fingerprints, except under `resumable`
+    prefixes (`"rl.num_steps"` covers exactly that field, `"eval.every"` likewise)."""
+    a, b = _flatten(canonical(stored)), _flatten(canonical(current))
+    free = lambda k: any(k == r or k.startswith(r + ".") for r in resumable)  # noqa: E731
+    return sorted(k for k in set(a) | set(b) if not free(k) and a.get(k) != b.get(k))
+
+
+def check_fingerprint(stored: Mapping | None, current: Mapping, resumable: Sequence[str],
+                      directory: str) -> None:
+    """Refuse to resume `directory` under a fingerprint that differs outside `resumable`."""
+    if stored is None:
+        raise ckpt_lib.CheckpointError(
+            f"the checkpoint in {directory} stores no experiment fingerprint, so it cannot be "
+            "checked against this run; start the run in a new workdir")
+    changed = changed_fields(stored, current, resumable)
+    if changed:
+        a, b = _flatten(canonical(stored)), _flatten(canonical(current))
+        shown = "; ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in changed[:12])
+        more = f"; ... {len(changed) - 12} more" if len(changed) > 12 else ""
+        raise ckpt_lib.CheckpointError(
+            f"refusing to resume {directory}: it belongs to a different experiment ({shown}"
+            f"{more}). Resume with the original values, or run the changed experiment in a new "
+            f"workdir. Fields that may change on resume: {', '.join(resumable) or 'none'}.")
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def truncate_records(path: str, max_step: int) -> list[dict]:
+    """Keep the records with step <= max_step (work after the last checkpoint is redone)."""
+    records = [r for r in read_jsonl(path) if r.get("step", 0) <= max_step]
+    if os.path.exists(path):
+        write_jsonl(path, records)
+    return records
+
+
+def defined(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The metrics that are defined numbers (None and NaN dropped): TensorBoard's scalars."""
+    return {k: float(v) for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+class MetricWriter:
+    """TensorBoard scalars (tensorboardX, process 0 only) plus a periodic log line."""
+
+    def __init__(self, logdir: str | None, log_every: int, log_keys: Sequence[str] = ()):
+        self.log_every, self.log_keys = max(int(log_every), 1), tuple(log_keys)
+        self._writer = None
+        if logdir and jax.process_index() == 0:
+            from tensorboardX import SummaryWriter
+
+            self._writer = SummaryWriter(logdir)
+
+    def write(self, step: int, metrics: Mapping[str, Any], log: bool = True) -> None:
+        scalars = defined(metrics)
+        if self._writer is not None:
+            for name, value in scalars.items():
+                self._writer.add_scalar(name, value, step)
+        if log and (step % self.log_every == 0 or step == 1):
+            logging.info("step %d | %s", step, " ".join(
+                f"{k}={scalars[k]:.4g}" for k in self.log_keys if k in scalars))
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
+        resumable: Sequence[str], schedule: Schedule, hooks: Hooks | None = None,
+        config_json: Mapping[str, Any] | None = None, stop_after: int | None = None
+        ) -> Result:
+    """Train `program` to `schedule.num_steps` in `run_dir`, resuming (see the module doc)."""
+    hooks = hooks or Hooks()
+    t0 = time.perf_counter()
+    main = jax.process_index() == 0
+    os.makedirs(run_dir, exist_ok=True)
+    ckpt = ckpt_lib.Checkpointer(os.path.join(run_dir, "checkpoints"),
+                                 max_to_keep=schedule.max_to_keep)
+    writer = None
+    try:
+        state = program.init_state()
+        step, resumed_from = 0, ckpt.latest_step()
+        if resumed_from is not None:
+            meta = ckpt.restore_meta(resumed_from)
+            check_fingerprint(meta.get("fingerprint"), fingerprint, resumable, ckpt.directory)
+            state, meta = ckpt.restore(program.abstract_state(state), resumed_from)
+            step = int(meta["step"])
+            logging.info("%s: resumed at step %d", run_dir, step)
+        if main:
+            write_json(os.path.join(run_dir, "config.json"),
+                       canonical(config_json if config_json is not None else fingerprint))
+            for name in (TRAIN_RECORDS, EVAL_RECORDS):
+                truncate_records(os.path.join(run_dir, name), step)
+        if hooks.on_start is not None:
+            hooks.on_start(step, state)
+        writer = MetricWriter(os.path.join(run_dir, "tensorboard"), schedule.log_every,
+                              hooks.log_keys)
+        done_here = 0
+        while step < schedule.num_steps and (stop_after is None or done_here < stop_after):
+            t_step = time.perf_counter()
+            state, metrics = program.step(state, step)
+            if metrics.get("finite", 1.0) != 1.0:
+                last = ckpt.latest_step()
+                where = (f"the last good checkpoint is {os.path.join(ckpt.directory, str(last))}"
+                         if last is not None else "there is no checkpoint yet")
+                raise NonFiniteError(
+                    f"{run_dir}: step {step + 1} was not applied: non-finite loss, gradient or "
+                    f"parameters (loss={metrics.get('loss')}, grad_norm="
+                    f"{metrics.get('grad_norm')}); {where}. Lower the learning rate (or check "
+                    "the data) and run again: the run resumes from that checkpoint.")
+            step += 1
+            done_here += 1
+            metrics = {**metrics, "loop_step_time": time.perf_counter() - t_step}
+            record = {"step": step, **(hooks.record(step, metrics) if hooks.record else {}),
+                      **{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                         for k, v in metrics.items()}}
+            if main:
+                append_jsonl(os.path.join(run_dir, TRAIN_RECORDS), record)
+            writer.write(step, metrics)
+            final = step == schedule.num_steps
+            at_eval = final or bool(schedule.eval_every and step % schedule.eval_every == 0)
+            if at_eval and hooks.evaluate is not None:
+                scalars = hooks.evaluate(step, state, final)
+                if scalars:
+                    writer.write(step, {f"eval/{k}": v for k, v in scalars.items()}, log=False)
+            if final or at_eval or (schedule.checkpoint_every
+                                    and step % schedule.checkpoint_every == 0):
+                ckpt.save(step, state, {"step": step, **program.position(state),
+                                        "fingerprint": canonical(fingerprint)})
+    finally:
+        ckpt.close()
+        if writer is not None:
+            writer.close()
+    return Result(state=state, step=step, resumed_from=resumed_from,
+                  seconds=time.perf_counter() - t0)
+
+
+__all__ = ["EVAL_RECORDS", "TRAIN_RECORDS", "Hooks", "MetricWriter", "NonFiniteError",
+           "Program", "Result", "Schedule", "canonical", "changed_fields", "check_fingerprint",
+           "defined", "guarded_update", "run", "truncate_records"]

@@ -1,0 +1,79 @@
+"""The RL trainer's pytrees: the checkpointed `TrainState`, the device `RolloutBatch` and the
+host `Rollouts` record of one step."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import numpy as np
+
+from sera_jax import history as history_lib
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything a resumed run needs (a pytree of arrays; checkpointed as a whole).
+
+    params: the policy's `nnx.State` (merge with `Trainer.graphdef`).
+    opt_state: optax AdamW (+ clip) state.
+    history: `SuccessHistory` over the split's prompt ids.
+    key: uint32[2] raw PRNG key data (`jax.random.key_data`), split once per step.
+    step: int32[], optimiser updates done.
+    epoch, cursor: int32[], data position: the next prompt is
+      `epoch_permutation(seed, epoch, M)[cursor]`.
+    """
+
+    params: Any
+    opt_state: Any
+    history: history_lib.SuccessHistory
+    key: jax.Array
+    step: jax.Array
+    epoch: jax.Array
+    cursor: jax.Array
+
+
+@flax.struct.dataclass
+class RolloutBatch:
+    """The flat rollout batch of one step, all `[B, ...]` (rows sharded over the batch axes)."""
+
+    prompt_tokens: jax.Array  # int32 [B, W], left-padded
+    prompt_mask: jax.Array  # bool [B, W]
+    completion_tokens: jax.Array  # int32 [B, T]
+    completion_mask: jax.Array  # bool [B, T], True on generated tokens (stop included)
+    advantages: jax.Array  # float32 [B]
+    weights: jax.Array  # float32 [B], multiplicity weight of the row's prompt
+
+
+@dataclasses.dataclass
+class Rollouts:
+    """Host (NumPy) record of one step's rollouts; rows are grouped by prompt.
+
+    P-shaped: prompt_ids (dataset ids), p_hat (NaN = unseen), counts N_q, prompt_weights
+    (w_q used by the loss). B-shaped: segment_ids, prompt_tokens/prompt_mask [B, W],
+    completion_tokens [B, T], lengths, truncated, rewards, advantages, weights.
+    """
+
+    prompt_ids: np.ndarray
+    p_hat: np.ndarray
+    counts: np.ndarray
+    prompt_weights: np.ndarray
+    segment_ids: np.ndarray
+    prompt_tokens: np.ndarray
+    prompt_mask: np.ndarray
+    completion_tokens: np.ndarray
+    lengths: np.ndarray
+    truncated: np.ndarray
+    rewards: np.ndarray
+    advantages: np.ndarray
+    weights: np.ndarray
+    epoch: int
+    cursor: int
+    sample_time: float
+
+    @property
+    def completion_mask(self) -> np.ndarray:
+        """bool [B, T]: generated tokens (stop token included)."""
+        return np.arange(self.completion_tokens.shape[1])[None, :] < self.lengths[:, None]

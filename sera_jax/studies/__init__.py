@@ -1,0 +1,1 @@
+"""Study recipes: stage logic, run directories, method x seed comparisons, reports."""

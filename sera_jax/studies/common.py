@@ -1,0 +1,205 @@
+"""What every study shares: flag parsing that names the nearest valid key, workdir checks,
+method x seed lists, multi-host start-up, and one RL run on the one loop.
+
+A study is a library module with a `run(config, workdir, ...)`; its binary in `experiments/`
+is flags plus that one call (`main` below does the common part).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import ml_collections
+from absl import app, flags
+
+from sera_jax import config_files, loop
+from sera_jax import methods as methods_lib
+from sera_jax.records import append_jsonl, read_json, read_jsonl, write_json
+
+
+class StudyError(ValueError):
+    """A study's input is unusable (bad config value, workdir, missing stage output)."""
+
+
+# ----------------------------------------------------------------------------- flags
+
+
+def config_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+    """Every dotted field path of `config` (nested ConfigDicts and dict-valued fields)."""
+    out = []
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        out.append(path)
+        if isinstance(value, ml_collections.ConfigDict | dict):
+            out.extend(config_keys(ml_collections.ConfigDict(value) if isinstance(value, dict)
+                                   else value, path + "."))
+    return out
+
+
+def unknown_override(argv: Sequence[str], config: ml_collections.ConfigDict,
+                     flag: str = "config") -> str | None:
+    """The first `--config.a.b=v` of `argv` whose path is not a field of `config`, with the
+    nearest valid path, as a one-line message; None when every override names a field."""
+    keys = config_keys(config)
+    known = set(keys)
+    for arg in argv:
+        if not arg.startswith(f"--{flag}."):
+            continue
+        path = arg[len(flag) + 3:].split("=", 1)[0]
+        if path not in known:
+            close = difflib.get_close_matches(path, keys, n=1, cutoff=0.6)
+            hint = f"; did you mean --{flag}.{close[0]}?" if close else ""
+            return f"--{flag}.{path}: the config has no field {path!r}{hint}"
+    return None
+
+
+def _config_path(argv: Sequence[str], default: str, flag: str = "config") -> str:
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"--{flag}="):
+            return arg.split("=", 1)[1]
+        if arg == f"--{flag}" and i + 1 < len(argv):
+            return argv[i + 1]
+    return default
+
+
+def flags_parser(default_config: str | None, flag: str = "config"
+                 ) -> Callable[[list[str]], list[str]]:
+    """An `app.run(flags_parser=...)` that checks `--config.*` override paths against the
+    config file before absl parses them: an unknown key exits with one line naming the
+    nearest valid key instead of a bare `AttributeError`."""
+
+    def parse(argv: list[str]) -> list[str]:
+        path = _config_path(argv, default_config or "", flag)
+        if path and os.path.isfile(path.split(":", 1)[0]):
+            message = unknown_override(argv, config_files.get_config(path.split(":", 1)[0]),
+                                       flag)
+            if message:
+                sys.exit(f"error: {message}")
+        try:
+            return flags.FLAGS(argv)
+        except flags.Error as e:
+            sys.exit(f"error: {e}")
+
+    return parse
+
+
+def main(run: Callable[[], Any]) -> None:
+    """Call `run()` and turn a study's input errors into one line and exit status 1."""
+    try:
+        run()
+    except (StudyError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+
+
+def enable_compilation_cache(workdir: str | None) -> None:
+    """Persist compiled programs under `<workdir>/.jax_cache`: a resumed or later stage skips
+    its compiles (binaries only; tests keep the in-memory cache)."""
+    if workdir and not (os.path.exists(workdir) and not os.path.isdir(workdir)):
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.abspath(workdir),
+                                                                    ".jax_cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def run_app(main_fn: Callable, default_config: str | None) -> None:
+    """`app.run(main_fn)` with the checking flag parser."""
+    app.run(main_fn, flags_parser=flags_parser(default_config))
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def prepare_workdir(workdir: str | os.PathLike | None) -> str:
+    """The absolute workdir, created if needed; StudyError in one line when unusable."""
+    if not workdir:
+        raise StudyError("--workdir is required: a directory for checkpoints and results")
+    path = os.path.abspath(os.fspath(workdir))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise StudyError(f"workdir {path} exists and is not a directory; pass a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise StudyError(f"cannot create workdir {path}: {e.strerror}; pass a writable "
+                         "directory") from None
+    if not os.access(path, os.W_OK):
+        raise StudyError(f"workdir {path} is not writable; pass a writable directory")
+    return path
+
+
+def parse_list(text: Any, cast: Callable = str, what: str = "list") -> list:
+    """`"a,b"` -> ['a', 'b'] (cast each); StudyError naming `what` when empty or uncastable."""
+    try:
+        items = [cast(x.strip()) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise StudyError(f"{what}={text!r}: expected a comma-separated list") from None
+    if not items:
+        raise StudyError(f"{what} is empty; e.g. 'uniform,sera'")
+    return items
+
+
+def parse_methods(text: Any, what: str = "methods") -> list[str]:
+    """Comma list of method names, each a key of `sera_jax.methods.METHODS`."""
+    names = parse_list(text, str, what)
+    for name in names:
+        if name not in methods_lib.METHODS:
+            raise StudyError(f"{what} has {name!r}{methods_lib.nearest(name, methods_lib.METHODS)}"
+                             f"; valid methods: {sorted(methods_lib.METHODS)}")
+    if len(set(names)) != len(names):
+        raise StudyError(f"{what}={text!r} names a method twice")
+    return names
+
+
+def check(cond: bool, field: str, value: Any, allowed: str) -> None:
+    """StudyError `config.<field>=<value> is invalid; allowed: ...` unless `cond`."""
+    if not cond:
+        raise StudyError(f"config.{field}={value!r} is invalid; allowed: {allowed}")
+
+
+def positive_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def cached_json(path: str, fingerprint: Mapping[str, Any], compute: Callable[[], dict]
+                ) -> dict:
+    """`path`'s record when it was computed under `fingerprint`, else `compute()` stored with
+    it (a changed model or evaluation setting recomputes instead of reusing a stale file)."""
+    fp = loop.canonical(fingerprint)
+    if os.path.exists(path):
+        cached = read_json(path)
+        if cached.get("fingerprint") == fp:
+            return cached
+    record = {**compute(), "fingerprint": fp}
+    write_json(path, record)
+    return record
+
+
+class RolloutCounter:
+    """Hooks that add cumulative `rollouts` and generated `tokens` to every train record
+    (recounted from the records kept after a resume)."""
+
+    def __init__(self, run_dir: str, budget: int):
+        self.path, self.budget, self.tokens = os.path.join(run_dir, loop.TRAIN_RECORDS), budget, 0
+
+    def on_start(self, step: int, state: Any) -> None:
+        self.tokens = sum(r["generated_tokens"] for r in read_jsonl(self.path))
+
+    def record(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        self.tokens += metrics["generated_tokens"]
+        return {"rollouts": step * self.budget, "tokens": self.tokens}
+
+
+def append_eval(run_dir: str, record: Mapping[str, Any]) -> None:
+    append_jsonl(os.path.join(run_dir, loop.EVAL_RECORDS), dict(record))
+
+
+__all__ = ["RolloutCounter", "StudyError", "append_eval", "cached_json", "check",
+           "config_keys", "enable_compilation_cache", "flags_parser", "main", "parse_list", "parse_methods",
+           "positive_int", "prepare_workdir", "run_app", "unknown_override"]
