@@ -24,7 +24,7 @@ What one call does, in order:
    every `checkpoint_every` steps, at every evaluation and at the end.
 
 `stop_after` ends the call after that many steps, as a kill would (tests). Records are
-written by process 0 only; every process must call `run` (checkpoints are collective).
+written by process 0 only (`sera_jax.records`); every process must call `run`.
 """
 
 from __future__ import annotations
@@ -230,7 +230,6 @@ def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
     """Train `program` to `schedule.num_steps` in `run_dir`, resuming (see the module doc)."""
     hooks = hooks or Hooks()
     t0 = time.perf_counter()
-    main = jax.process_index() == 0
     os.makedirs(run_dir, exist_ok=True)
     ckpt = ckpt_lib.Checkpointer(os.path.join(run_dir, "checkpoints"),
                                  max_to_keep=schedule.max_to_keep)
@@ -244,11 +243,10 @@ def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
             state, meta = ckpt.restore(program.abstract_state(state), resumed_from)
             step = int(meta["step"])
             logging.info("%s: resumed at step %d", run_dir, step)
-        if main:
-            write_json(os.path.join(run_dir, "config.json"),
-                       canonical(config_json if config_json is not None else fingerprint))
-            for name in (TRAIN_RECORDS, EVAL_RECORDS):
-                truncate_records(os.path.join(run_dir, name), step)
+        write_json(os.path.join(run_dir, "config.json"),
+                   canonical(config_json if config_json is not None else fingerprint))
+        for name in (TRAIN_RECORDS, EVAL_RECORDS):
+            truncate_records(os.path.join(run_dir, name), step)
         if hooks.on_start is not None:
             hooks.on_start(step, state)
         writer = MetricWriter(os.path.join(run_dir, "tensorboard"), schedule.log_every,
@@ -272,8 +270,7 @@ def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
             record = {"step": step, **(hooks.record(step, metrics) if hooks.record else {}),
                       **{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                          for k, v in metrics.items()}}
-            if main:
-                append_jsonl(os.path.join(run_dir, TRAIN_RECORDS), record)
+            append_jsonl(os.path.join(run_dir, TRAIN_RECORDS), record)
             writer.write(step, metrics)
             final = step == schedule.num_steps
             at_eval = final or bool(schedule.eval_every and step % schedule.eval_every == 0)

@@ -1,19 +1,29 @@
 """Run records on disk: JSON written atomically, JSONL appended and read kill-tolerantly.
 
 Experiment binaries log metrics and evaluations here; a run killed mid-write leaves at most
-a torn last JSONL line, which readers drop, so a restarted command resumes cleanly.
+a torn last JSONL line, which readers drop, so a restarted command resumes cleanly. In a
+multi-process job only process 0 writes (every process computes the same records).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any
 
 
+def _primary() -> bool:
+    """False on processes other than 0 of a multi-process JAX job (they do not write)."""
+    jax = sys.modules.get("jax")
+    return jax is None or jax.process_index() == 0
+
+
 def append_jsonl(path: str, record: dict[str, Any]) -> None:
     """Append one JSON record as a line."""
+    if not _primary():
+        return
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
 
@@ -34,6 +44,8 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
 
 def write_jsonl(path: str, records: list[dict[str, Any]]) -> None:
     """Replace a JSONL file atomically (write to a temporary file, then rename)."""
+    if not _primary():
+        return
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         for r in records:
@@ -43,6 +55,8 @@ def write_jsonl(path: str, records: list[dict[str, Any]]) -> None:
 
 def write_json(path: str, obj: Any) -> None:
     """Write JSON atomically, so a reader never sees half a file."""
+    if not _primary():
+        return
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=1)

@@ -34,6 +34,7 @@ batch-sharded cache).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import flax.struct
 import jax
@@ -229,6 +230,26 @@ def decode_phase_ends(steps: int) -> list[int]:
         return []
     phases = min(_MAX_DECODE_PHASES, max(1, (steps - 1) // _DECODE_PHASE_STEPS))
     return [1 + round(i * (steps - 1) / phases) for i in range(1, phases + 1)]
+
+
+def left_pad(
+    sequences: Sequence[np.ndarray], width: int, pad_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Stack ragged token sequences into `[B, width]` left-padded tokens and a validity mask.
+
+    Raises ValueError when a sequence is longer than `width`.
+    """
+    batch = len(sequences)
+    tokens = np.full((batch, width), pad_id, dtype=np.int32)
+    mask = np.zeros((batch, width), dtype=bool)
+    for row, seq in enumerate(sequences):
+        n = len(seq)
+        if n > width:
+            raise ValueError(f"sequence {row} has {n} tokens, more than the width {width}")
+        if n:
+            tokens[row, width - n :] = seq
+            mask[row, width - n :] = True
+    return tokens, mask
 
 
 def default_row_keys(key: jax.Array, batch: int) -> jax.Array:

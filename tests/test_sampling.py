@@ -24,9 +24,9 @@ from sera_jax.sampling import (
     filter_logits,
     generate,
     generate_with_cache,
+    left_pad,
     sample_tokens,
 )
-from sera_jax.tasks.base import left_pad
 
 VOCAB = 32
 TINY = DecoderConfig(

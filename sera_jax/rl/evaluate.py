@@ -30,8 +30,8 @@ from jax.sharding import Mesh
 
 from sera_jax import sharding as shd
 from sera_jax.metrics import pass_at_k_curve
-from sera_jax.sampling import SamplingConfig, generate
-from sera_jax.tasks.base import RLTask, left_pad
+from sera_jax.sampling import SamplingConfig, generate, left_pad
+from sera_jax.tasks.base import RLTask
 
 
 @dataclasses.dataclass

@@ -59,9 +59,9 @@ from sera_jax.models.decoder import token_logprobs
 from sera_jax.rl import config as config_lib
 from sera_jax.rl.data import epoch_permutation, next_prompt_ids
 from sera_jax.rl.state import RolloutBatch, Rollouts, TrainState
-from sera_jax.sampling import SamplingConfig, default_row_keys, expand_prompts, generate
+from sera_jax.sampling import SamplingConfig, default_row_keys, expand_prompts, generate, left_pad
 from sera_jax.scaling import kappa
-from sera_jax.tasks.base import RLTask, left_pad
+from sera_jax.tasks.base import RLTask
 
 #: Compiled train-step programs shared by Trainers of the same run shape (see Trainer).
 _PROGRAMS: dict[Any, tuple] = {}

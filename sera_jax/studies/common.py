@@ -88,10 +88,13 @@ def flags_parser(default_config: str | None, flag: str = "config"
 
 
 def main(run: Callable[[], Any]) -> None:
-    """Call `run()` and turn a study's input errors into one line and exit status 1."""
+    """Call `run()`; a study's input errors (bad config value, workdir, missing file, a
+    refused resume) and a stopped non-finite run end with one line and exit status 1."""
+    from sera_jax.checkpoint import CheckpointError
+
     try:
         run()
-    except (StudyError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, CheckpointError, loop.NonFiniteError) as e:
         sys.exit(f"error: {e}")
 
 
@@ -201,5 +204,5 @@ def append_eval(run_dir: str, record: Mapping[str, Any]) -> None:
 
 
 __all__ = ["RolloutCounter", "StudyError", "append_eval", "cached_json", "check",
-           "config_keys", "enable_compilation_cache", "flags_parser", "main", "parse_list", "parse_methods",
-           "positive_int", "prepare_workdir", "run_app", "unknown_override"]
+           "config_keys", "enable_compilation_cache", "flags_parser", "main", "parse_list",
+           "parse_methods", "positive_int", "prepare_workdir", "run_app", "unknown_override"]

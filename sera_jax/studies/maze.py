@@ -486,6 +486,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     validate(cfg, methods, seeds)
     workdir = common.prepare_workdir(workdir)
     trainer_lib.initialize_distributed(cfg.rl)
+    logging.info("JAX process %d of %d, %d devices", jax.process_index(), jax.process_count(),
+                 jax.device_count())
     t0 = time.perf_counter()
     mesh = make_mesh(cfg)
     table = None

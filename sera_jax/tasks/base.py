@@ -66,23 +66,3 @@ class RLTask(abc.ABC):
     def decode(self, tokens: Sequence[int]) -> str:
         """Human-readable text of a token sequence (for logs and notebooks)."""
         return " ".join(str(int(t)) for t in tokens)
-
-
-def left_pad(
-    sequences: Sequence[np.ndarray], width: int, pad_id: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Stack ragged token sequences into `[B, width]` left-padded tokens and a validity mask.
-
-    Raises ValueError when a sequence is longer than `width`.
-    """
-    batch = len(sequences)
-    tokens = np.full((batch, width), pad_id, dtype=np.int32)
-    mask = np.zeros((batch, width), dtype=bool)
-    for row, seq in enumerate(sequences):
-        n = len(seq)
-        if n > width:
-            raise ValueError(f"sequence {row} has {n} tokens, more than the width {width}")
-        if n:
-            tokens[row, width - n :] = seq
-            mask[row, width - n :] = True
-    return tokens, mask

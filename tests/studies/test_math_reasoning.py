@@ -1,4 +1,4 @@
-"""End to end: the math binary's eval -> RL -> eval -> report on a tiny random policy.
+"""End to end: the math study's eval -> RL -> eval -> report on a tiny random policy.
 
 The policy is a 2-layer random decoder saved as a Hugging Face checkpoint directory together
 with a byte-level tokenizer (256 byte tokens + ChatML specials) built here, so the `hf`
@@ -15,15 +15,20 @@ import tokenizers
 from flax import nnx
 from tokenizers import decoders, models, pre_tokenizers
 
-from configs.math import cpu
-from experiments import math_reasoning as mr
+from sera_jax import config_files
 from sera_jax import sharding as shd
+from sera_jax.checkpoint import CheckpointError
 from sera_jax.models import embedded
 from sera_jax.models.decoder import Decoder, DecoderConfig
+from sera_jax.models.policy import SMOLLM2_MISSING, load_policy
 from sera_jax.models.weights import save_hf_checkpoint
+from sera_jax.records import read_jsonl
+from sera_jax.studies import common
+from sera_jax.studies import math_reasoning as mr
 from sera_jax.tasks.mathqa import data as math_data
 from sera_jax.tasks.mathqa import task as math_task
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
@@ -52,7 +57,7 @@ def policy_dir(tmp_path_factory):
 
 
 def tiny_config(policy_dir: str):
-    cfg = cpu.get_config()
+    cfg = config_files.get_config(os.path.join(ROOT, "configs", "math", "cpu.py"))
     cfg.model.source = "hf"
     cfg.model.path = policy_dir
     cfg.task.num_train = 8
@@ -63,8 +68,8 @@ def tiny_config(policy_dir: str):
     cfg.rl.num_steps = 3  # 8 train problems / 4 per step: SERA uses history at step 3
     cfg.rl.prompts_per_step = 4
     cfg.rl.rollouts_per_prompt = 2
-    cfg.rl.n_min = 2
-    cfg.rl.n_max = 4
+    cfg.rl.allocation.n_min = 2
+    cfg.rl.allocation.n_max = 4
     cfg.rl.checkpoint_every = 2
     cfg.rl.optimizer.learning_rate = 0.0  # parameters stay put: "after" must equal "before"
     cfg.compare.methods = "sera"
@@ -93,10 +98,10 @@ def test_rl_and_eval_end_to_end(policy_dir, tmp_path):
     assert [e["completion"] for e in initial["examples"]] == \
         [e["completion"] for e in final["examples"]]
 
-    train = mr.read_jsonl(os.path.join(workdir, "rl", "sera", "train.jsonl"))
+    train = read_jsonl(os.path.join(workdir, "rl", "sera", "train.jsonl"))
     assert [r["step"] for r in train] == [1, 2, 3]
     assert [r["rollouts"] for r in train] == [8, 16, 24]  # budget P*N0 spent every step
-    assert all(r["rollouts_max"] <= cfg.rl.n_max for r in train)
+    assert all(r["rollouts_max"] <= cfg.rl.allocation.n_max for r in train)
 
     md = open(os.path.join(workdir, "results", "pass_at_k.md")).read()
     assert "initial (before RL)" in md and "sera (after RL)" in md and "maj@4" in md
@@ -105,7 +110,7 @@ def test_rl_and_eval_end_to_end(policy_dir, tmp_path):
     # A finished run's checkpoints can seed a new policy (model.init_checkpoint).
     cfg.model.init_checkpoint = os.path.join(workdir, "rl", "sera", "checkpoints")
     seeded, _, _ = mr.build(cfg, mesh)
-    initial_model, _ = mr.load_policy(cfg, mesh)
+    initial_model, _ = load_policy(cfg.model, mesh)
     leaves = jax.tree.leaves(nnx.state(seeded, nnx.Param))
     assert len(leaves) == len(jax.tree.leaves(nnx.state(initial_model, nnx.Param)))
     for a, b in zip(leaves, jax.tree.leaves(nnx.state(initial_model, nnx.Param))):
@@ -115,7 +120,35 @@ def test_rl_and_eval_end_to_end(policy_dir, tmp_path):
     # Re-running finds everything done: no new steps, the same report.
     again = mr.run(cfg, workdir, stage="all", mesh=mesh)
     assert again["evals"] == table["evals"]
-    assert len(mr.read_jsonl(os.path.join(workdir, "rl", "sera", "train.jsonl"))) == 3
+    assert len(read_jsonl(os.path.join(workdir, "rl", "sera", "train.jsonl"))) == 3
+
+    # A changed evaluation is recomputed (cached by fingerprint), a changed RL config is
+    # refused by name instead of resuming, and the refused run leaves config.json alone.
+    cfg.eval.seed += 1
+    redone = mr.stage_eval_initial(cfg, workdir, *mr.build(cfg, mesh)[:2], mesh)
+    assert redone["fingerprint"]["eval"]["seed"] == cfg.eval.seed
+    saved = open(os.path.join(workdir, "rl", "sera", "config.json")).read()
+    cfg.rl.optimizer.learning_rate = 1e-3
+    with pytest.raises(CheckpointError, match=r"rl\.optimizer\.learning_rate"):
+        mr.run(cfg, workdir, stage="rl", mesh=mesh)
+    assert open(os.path.join(workdir, "rl", "sera", "config.json")).read() == saved
+
+
+def test_validation_before_the_model_loads(policy_dir, tmp_path):
+    cfg = tiny_config(policy_dir)
+    cfg.model.path = str(tmp_path / "missing")  # would fail to load: validation comes first
+    for field, value, match in (("compare.methods", "sera,serra", "did you mean 'sera'"),
+                                ("eval.top_p", 0.0, "eval.top_p"),
+                                ("rl.optimizer.learning_rate", float("inf"), "learning_rate")):
+        bad = tiny_config(policy_dir)
+        section, *rest = field.split(".")
+        target = bad[section]
+        for key in rest[:-1]:
+            target = target[key]
+        target[rest[-1]] = value
+        with pytest.raises(common.StudyError, match=match):
+            mr.run(bad, str(tmp_path / "w"), stage="all")
+    assert not os.path.exists(tmp_path / "w")
 
 
 def test_missing_embedded_model_names_the_command(monkeypatch, policy_dir):
@@ -126,9 +159,9 @@ def test_missing_embedded_model_names_the_command(monkeypatch, policy_dir):
     cfg = tiny_config(policy_dir)
     cfg.model.source = "embedded"
     with pytest.raises(FileNotFoundError) as err:
-        mr.load_policy(cfg, None)
-    assert str(err.value) == mr.SMOLLM2_MISSING
-    assert "run `make smollm2`" in mr.SMOLLM2_MISSING
+        load_policy(cfg.model, None)
+    assert str(err.value) == SMOLLM2_MISSING
+    assert "run `make smollm2`" in SMOLLM2_MISSING
 
 
 def test_task_prompts_scores_and_answers(policy_dir):
@@ -162,13 +195,8 @@ def test_task_prompts_scores_and_answers(policy_dir):
 @pytest.mark.parametrize("name", ["cpu", "smollm2_360m_gsm8k", "qwen25_math_1p5b",
                                   "qwen3_4b_polaris"])
 def test_configs_are_valid(name):
-    from sera_jax import config_files
-    from sera_jax.rl import config as rl_config
-
-    cfg = config_files.get_config(os.path.join(os.path.dirname(os.path.dirname(__file__)),
-                                               "configs", "math", f"{name}.py"))
-    for method in mr.parse_methods(cfg.compare.methods):
-        rl_config.validate(mr.method_config(cfg, method))
+    cfg = config_files.get_config(os.path.join(ROOT, "configs", "math", f"{name}.py"))
+    mr.validate(cfg, common.parse_methods(cfg.compare.methods))
     if cfg.task.source == "files":  # paper configs: the data paths are the user's to give
         with pytest.raises(ValueError, match="config.task.train_path is empty"):
             math_task.load_splits(cfg.task)
@@ -184,11 +212,10 @@ def test_embedded_smollm2_answers_simple_arithmetic_greedily():
     Measured on 2 shared CPU cores: 28 s (load average 5) to 78 s (load 14) -- GGUF
     dequantisation, the sampler compile of the 30-layer model and 24 decode steps.
     """
-    from sera_jax.sampling import SamplingConfig, generate
-    from sera_jax.tasks.base import left_pad
+    from sera_jax.sampling import SamplingConfig, generate, left_pad
 
-    cfg = cpu.get_config()
-    model, tok = mr.load_policy(cfg, None)
+    cfg = config_files.get_config(os.path.join(ROOT, "configs", "math", "cpu.py"))
+    model, tok = load_policy(cfg.model, None)
     problems = [math_data.MathProblem("What is 2 + 3?", "5"),
                 math_data.MathProblem("What is 6 + 6?", "12")]
     # Plain question in the chat template: the model answers in one line ("2 + 3 = 5").

