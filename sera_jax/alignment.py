@@ -22,7 +22,7 @@ two are aligned when their cosine is +1.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -30,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sera_jax import allocation, estimators, metrics, scaling
+from sera_jax import estimators, metrics, scaling
+from sera_jax import methods as methods_lib
 
 # ----------------------------------------------------------------------------- exact p
 
@@ -57,36 +58,7 @@ def success_probs(logits: Any, labels: Any) -> np.ndarray:
     return np.clip(p, np.finfo(np.float64).tiny, np.nextafter(1.0, 0.0))
 
 
-# ----------------------------------------------------------------------------- allocators
-
-
-@dataclasses.dataclass(frozen=True)
-class AllocatorSpec:
-    """One compared allocation rule: `allocation.<fn>(p, budget, **kwargs)`.
-
-    `multiplicity=False` is the ablation that trains with w_q = 1 on active prompts instead
-    of the multiplicity correction N0/N_q (SERA_SPEC §3).
-    """
-
-    label: str
-    fn: str
-    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    multiplicity: bool = True
-
-
-#: The allocators of the study, by the names used in configs, csv files and figures.
-ALLOCATOR_SPECS: dict[str, AllocatorSpec] = {
-    "uniform": AllocatorSpec("uniform (MaxRL)", "allocate", {"mode": "uniform"}),
-    "sera_dynamic": AllocatorSpec("SERA dynamic", "allocate", {"mode": "dynamic"}),
-    "sera_equalized": AllocatorSpec("SERA equalized", "allocate", {"mode": "equalized"}),
-    "sera_no_mult": AllocatorSpec("SERA w/o multiplicity", "allocate", {"mode": "dynamic"},
-                                  multiplicity=False),
-    "sera_paper_rounding": AllocatorSpec("SERA paper rounding", "allocate",
-                                         {"mode": "dynamic", "rounding": "paper"}),
-    "inverse_p": AllocatorSpec("inverse-p", "inverse_p"),
-    "knapsack": AllocatorSpec("knapsack", "knapsack"),
-    "hit_utility": AllocatorSpec("hit-utility", "hit_utility"),
-}
+# ----------------------------------------------------------------------------- methods
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,26 +86,25 @@ class AllocatedBatch:
 
 
 def allocate_batch(name: str, p: np.ndarray, n0: int, *, n_min: int, n_max: int,
-                   threshold: float = 0.05, shift: int = 1) -> AllocatedBatch:
-    """Run the allocator `name` (a key of ALLOCATOR_SPECS) with budget P·n0 on exact p."""
-    if name not in ALLOCATOR_SPECS:
-        raise ValueError(f"allocator={name!r} is unknown; allowed {sorted(ALLOCATOR_SPECS)}")
-    spec = ALLOCATOR_SPECS[name]
+                   threshold: float | None = None, shift: int = 1) -> AllocatedBatch:
+    """Run method `name` (a key of `sera_jax.methods.METHODS`) with budget P·n0 on exact p.
+
+    `threshold` (θ of the dynamic active set) overrides the preset of the methods whose
+    allocator uses it (SERA's dynamic variants) and is not passed to the others.
+    """
+    method = methods_lib.get_method(name)
+    if threshold is not None and "threshold" in method.options:
+        method = methods_lib.resolve(name, {"threshold": threshold})
     p = np.asarray(p, np.float64)
     budget = int(p.shape[0]) * int(n0)
-    fn = getattr(allocation, spec.fn)
-    kw = dict(n_min=n_min, n_max=n_max, shift=shift)
-    if spec.fn == "allocate":
-        kw["threshold"] = threshold
     # float64 inside the allocator: p reaches 1e-300 (SERA_SPEC §4, "Oracle").
     with jax.enable_x64(True):
-        alloc = jax.device_get(fn(p, budget, **kw, **dict(spec.kwargs)))
+        alloc = jax.device_get(method.allocate(p, budget, n_min=n_min, n_max=n_max,
+                                               shift=shift))
         kappa = np.asarray(scaling.kappa(p, np.asarray(alloc.counts), shift=shift), np.float64)
     counts = np.asarray(alloc.counts, np.int32)
     active = counts > 0
-    weights = np.asarray(alloc.weights, np.float32)
-    if not spec.multiplicity:
-        weights = active.astype(np.float32)
+    weights = method.prompt_weights(counts, np.asarray(alloc.weights, np.float32))
     kappa = np.where(active, kappa, 0.0)
     return AllocatedBatch(counts=counts, weights=weights, kappa=kappa, active=active)
 

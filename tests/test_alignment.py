@@ -119,11 +119,16 @@ def test_allocate_batch_specs():
     u = alignment.allocate_batch("uniform", p, 8, n_min=2, n_max=64)
     np.testing.assert_array_equal(u.counts, 8)
     np.testing.assert_array_equal(u.weights, 1.0)
-    s = alignment.allocate_batch("sera_dynamic", p, 8, n_min=2, n_max=64)
+    s = alignment.allocate_batch("sera", p, 8, n_min=2, n_max=64)
     assert s.counts.sum() == p.size * 8 and s.kappa_min >= u.kappa_min
-    nm = alignment.allocate_batch("sera_no_mult", p, 8, n_min=2, n_max=64)
+    nm = alignment.allocate_batch("sera_no_multiplicity", p, 8, n_min=2, n_max=64)
     np.testing.assert_array_equal(nm.counts, s.counts)
     np.testing.assert_array_equal(nm.weights, s.active.astype(np.float32))
     assert np.all(s.kappa[~s.active] == 0)
-    with pytest.raises(ValueError, match="allocator"):
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
         alignment.allocate_batch("nope", p, 8, n_min=2, n_max=64)
+    # θ reaches the dynamic methods only: a higher θ drops more images.
+    strict = alignment.allocate_batch("sera", p, 8, n_min=2, n_max=64, threshold=0.9)
+    assert strict.active.sum() < s.active.sum()
+    eq = alignment.allocate_batch("sera_equalized", p, 8, n_min=2, n_max=64, threshold=0.9)
+    assert eq.active.all()

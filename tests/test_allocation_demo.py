@@ -1,4 +1,4 @@
-"""experiments/allocation_demo.py end to end: the absl binary on a small batch."""
+"""The allocation demo end to end: the absl binary on a small batch."""
 
 import re
 import subprocess
@@ -20,7 +20,7 @@ def test_demo_writes_table_and_plot(tmp_path):
     png = (tmp_path / "allocation_demo.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     table = (tmp_path / "allocation_demo.md").read_text()
-    assert "| allocator |" in out.stdout and "wrote" in out.stdout
+    assert "| method |" in out.stdout and "wrote" in out.stdout
     # Per-prompt rows: 6 prompts, sorted by p̂, each with N / κ / w for three allocators.
     rows = [r for r in table.splitlines() if re.match(r"^\| \d+ \|", r)]
     assert len(rows) == 6
@@ -31,10 +31,20 @@ def test_demo_writes_table_and_plot(tmp_path):
     # Summary: SERA equalised raises the smallest κ over uniform (leximin optimum over a
     # set that contains the uniform allocation), and uses every prompt.
     summary = {r.split("|")[1].strip(): r.split("|")[2:-1] for r in table.splitlines()
-               if r.startswith("| uniform |") or r.startswith("| SERA")}
-    assert set(summary) == {"uniform", "SERA", "SERA equalized"}
+               if r.startswith("| uniform |") or r.startswith("| sera")}
+    assert set(summary) == {"uniform", "sera", "sera_equalized"}
     min_kappa = {k: float(v[0]) for k, v in summary.items()}
-    assert min_kappa["SERA equalized"] >= min_kappa["uniform"]
-    assert int(summary["SERA equalized"][4]) == 24 and int(summary["uniform"][4]) == 24
-    assert 0 < int(summary["SERA"][4]) <= 24
+    assert min_kappa["sera_equalized"] >= min_kappa["uniform"]
+    assert int(summary["sera_equalized"][4]) == 24 and int(summary["uniform"][4]) == 24
+    assert 0 < int(summary["sera"][4]) <= 24
     assert np.isfinite(list(min_kappa.values())).all()
+
+
+def test_demo_refuses_bad_input_in_one_line(tmp_path):
+    for args, match in ((["--n0=1"], "n0"), (["--methods=uniform,serra"], "did you mean 'sera'"),
+                        (["--num_prompts=0"], "num_prompts")):
+        out = subprocess.run([sys.executable, "-m", "experiments.allocation_demo",
+                              f"--workdir={tmp_path}", *args], cwd=ROOT, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 1 and match in out.stderr.splitlines()[-1], out.stderr[-2000:]
+        assert "Traceback" not in out.stderr

@@ -2,7 +2,7 @@
 
 Real data, no download, a small NNX ResNet (~78k parameters). Measure mode trains the
 ResNet with cross-entropy and measures at three snapshots (initial / partly trained / well
-trained), budgets N0 = 2..128 and all eight allocators, with paired draws for error bars.
+trained), budgets N0 = 2..128 and all eight methods, with paired draws for error bars.
 Whole run: a few minutes on 2 CPU cores (see docs/results_alignment.md for the measured time).
 
   python experiments/gradient_alignment.py --config=configs/gradient_alignment/digits.py \
@@ -11,8 +11,9 @@ Whole run: a few minutes on 2 CPU cores (see docs/results_alignment.md for the m
 
 import ml_collections
 
-ALLOCATORS = ("uniform", "sera_dynamic", "sera_equalized", "sera_no_mult",
-              "sera_paper_rounding", "inverse_p", "knapsack", "hit_utility")
+# Names of sera_jax.methods.METHODS (the same in every study).
+METHODS = ("uniform", "sera", "sera_equalized", "sera_no_multiplicity",
+           "sera_paper_rounding", "inverse_p", "knapsack", "hit_utility")
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -20,7 +21,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.mode = "measure"  # or "train"
     c.seed = 0
     c.batch_size = 128  # CE pre-training / RL training batch (images)
-    c.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor): all local devices on `data`
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # all devices on data
 
     c.data = ml_collections.ConfigDict()
     c.data.name = "digits"
@@ -51,7 +52,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.measure.stage_steps = (0, 30, 300)
     c.measure.stage_names = ("initial", "partly trained", "well trained")
     c.measure.budgets = (2, 4, 8, 16, 32, 64, 128)
-    c.measure.allocators = ALLOCATORS
+    c.measure.methods = METHODS
     c.measure.num_draws = 32
     c.measure.batch_size = 128  # the fixed minibatch whose exact gradient is the target
     c.measure.split = "train"  # minibatches of the training split, as during training
@@ -60,7 +61,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.measure.cot_chunk = 264  # rollout cotangents sampled per vectorised call
 
     c.train = ml_collections.ConfigDict()
-    c.train.allocator = "sera_dynamic"
+    c.train.method = "sera"
     c.train.n0 = 16
     c.train.num_steps = 300
     c.train.log_every = 25

@@ -1,7 +1,7 @@
 """Gradient-alignment study in the paper's setting: ResNet-50 on ImageNet-1k (SERA_SPEC §7).
 
 Train mode (the published protocol): ResNet-50 from scratch, trained with the RL loss of one
-allocator (SERA dynamic by default; `--config.train.allocator=uniform` for MaxRL), batch 256,
+allocator (SERA dynamic by default; `--config.train.method=uniform` for MaxRL), batch 256,
 N0 = 128, n_min = 2, n_max = 512, θ = 0.05, 20 epochs, SGD lr 0.1 momentum 0.9 wd 1e-4,
 warmup then cosine, RandomResizedCrop 224 + flip; every 1,000 steps the cosine between the
 step's allocated-rollout gradient and the exact CE gradient on the same minibatch is logged,
@@ -18,8 +18,9 @@ the mesh's `data` axis); the global batch must divide by the number of devices.
 
 import ml_collections
 
-ALLOCATORS = ("uniform", "sera_dynamic", "sera_equalized", "sera_no_mult",
-              "sera_paper_rounding", "inverse_p", "knapsack", "hit_utility")
+# Names of sera_jax.methods.METHODS (the same in every study).
+METHODS = ("uniform", "sera", "sera_equalized", "sera_no_multiplicity",
+           "sera_paper_rounding", "inverse_p", "knapsack", "hit_utility")
 
 _TRAIN_IMAGES = 1_281_167
 _BATCH = 256
@@ -31,7 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.mode = "train"  # or "measure"
     c.seed = 0
     c.batch_size = _BATCH
-    c.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor): all local devices on `data`
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # all devices on data
 
     c.data = ml_collections.ConfigDict()
     c.data.name = "imagenet2012"
@@ -62,7 +63,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.measure = ml_collections.ConfigDict()
     c.measure.budgets = (2, 4, 8, 16, 32, 64, 128)
-    c.measure.allocators = ALLOCATORS
+    c.measure.methods = METHODS
     c.measure.split = "train"
     c.measure.bn_train = False
     c.measure.stage_steps = (0, 5 * _STEPS_PER_EPOCH, 20 * _STEPS_PER_EPOCH)
@@ -73,7 +74,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.measure.cot_chunk = 8  # B x C = 32,768 x 1,000 Gumbel draws per cotangent
 
     c.train = ml_collections.ConfigDict()
-    c.train.allocator = "sera_dynamic"
+    c.train.method = "sera"
     c.train.n0 = 128
     c.train.num_steps = 20 * _STEPS_PER_EPOCH
     c.train.log_every = 1000

@@ -33,11 +33,14 @@ import numpy as np
 from absl import logging
 
 from sera_jax import alignment, sharding
+from sera_jax import methods as methods_lib
+from sera_jax.rl import config as rl_config
+from sera_jax.studies import common
 from sera_jax.vision import data as data_lib
 from sera_jax.vision import resnet
 from sera_jax.vision.train import Steps, TrainState, init_state, make_optimizer
 
-CSV_COLUMNS = ("stage", "stage_step", "budget", "allocator", "draw", "seed", "cosine",
+CSV_COLUMNS = ("stage", "stage_step", "budget", "method", "draw", "seed", "cosine",
                "norm_ratio", "cosine_expected", "kappa_min", "kappa_mean", "active_frac")
 
 # ----------------------------------------------------------------------------- set-up
@@ -114,14 +117,14 @@ class DataSource:
 
 
 def _mesh(config: ml_collections.ConfigDict):
-    return sharding.make_mesh(tuple(config.get("mesh_shape", (-1, 1, 1))))
+    return sharding.make_mesh(dict(config.mesh))
 
 
 def _check_divisible(name: str, n: int, mesh) -> None:
     d = sharding.batch_divisor(mesh)
     if n % d:
         raise ValueError(f"{name}={n} must be a multiple of the {d} data-parallel devices "
-                         f"(mesh {dict(mesh.shape)}); change it or --config.mesh_shape")
+                         f"(mesh {dict(mesh.shape)}); change it or --config.mesh.data")
 
 
 def _writer(workdir: str):
@@ -184,18 +187,9 @@ def run_measure(config: ml_collections.ConfigDict, workdir: str) -> dict[str, An
     stage_steps = [int(s) for s in ms.stage_steps]
     stage_names = list(ms.stage_names) if ms.get("stage_names") else [
         f"step {s}" for s in stage_steps]
-    if len(stage_names) != len(stage_steps) or stage_steps != sorted(stage_steps):
-        raise ValueError(f"config.measure.stage_steps={stage_steps} must be increasing and "
-                         f"match stage_names={stage_names}")
     budgets = [int(b) for b in ms.budgets]
-    names = list(ms.allocators)
-    for n in names:
-        if n not in alignment.ALLOCATOR_SPECS:
-            raise ValueError(f"config.measure.allocators has {n!r}; allowed "
-                             f"{sorted(alignment.ALLOCATOR_SPECS)}")
+    names = list(ms.methods)
     num_draws = int(ms.num_draws)
-    if num_draws < 2:
-        raise ValueError(f"config.measure.num_draws={num_draws}; need >= 2 for error bars")
 
     mesh = _mesh(config)
     _check_divisible("config.batch_size", config.batch_size, mesh)
@@ -254,7 +248,7 @@ def run_measure(config: ml_collections.ConfigDict, workdir: str) -> dict[str, An
             for i in range(m):
                 r, a = divmod(i, len(names))
                 rows.append({
-                    "stage": stage, "stage_step": step, "budget": n0, "allocator": names[a],
+                    "stage": stage, "stage_step": step, "budget": n0, "method": names[a],
                     "draw": r, "seed": config.seed, "cosine": float(cos[i]),
                     "norm_ratio": float(ratio[i]), "cosine_expected": float(cos_exp[a]),
                     "kappa_min": allocs[a].kappa_min, "kappa_mean": allocs[a].kappa_mean,
@@ -295,12 +289,12 @@ def aggregate(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     ratio, κ diagnostics, and the paired difference to `uniform` (same draws) when present."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["stage"], r["budget"], r["allocator"]), []).append(r)
+        groups.setdefault((r["stage"], r["budget"], r["method"]), []).append(r)
     out = []
     for (stage, budget, name), rs in groups.items():
         rs = sorted(rs, key=lambda r: r["draw"])
         c = np.array([r["cosine"] for r in rs])
-        row = {"stage": stage, "budget": budget, "allocator": name, "n": len(c),
+        row = {"stage": stage, "budget": budget, "method": name, "n": len(c),
                "cosine": float(c.mean()), "cosine_se": float(c.std(ddof=1) / math.sqrt(len(c))),
                "norm_ratio": float(np.mean([r["norm_ratio"] for r in rs])),
                "cosine_expected": rs[0]["cosine_expected"], "kappa_min": rs[0]["kappa_min"],
@@ -316,7 +310,7 @@ def aggregate(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plot_alignment(table: Sequence[dict[str, Any]], path: str, stages: Sequence[str],
-                   allocators: Sequence[str]) -> None:
+                   methods: Sequence[str]) -> None:
     """Cosine vs budget, one line per allocator with ±1 std-error bars, one panel per stage."""
     import matplotlib
 
@@ -326,15 +320,15 @@ def plot_alignment(table: Sequence[dict[str, Any]], path: str, stages: Sequence[
     fig, axes = plt.subplots(1, len(stages), figsize=(4.2 * len(stages), 3.6), squeeze=False,
                              sharey=True)
     for ax, stage in zip(axes[0], stages):
-        for name in allocators:
-            rs = sorted((r for r in table if r["stage"] == stage and r["allocator"] == name),
+        for name in methods:
+            rs = sorted((r for r in table if r["stage"] == stage and r["method"] == name),
                         key=lambda r: r["budget"])
             if not rs:
                 continue
             ax.errorbar([r["budget"] for r in rs], [r["cosine"] for r in rs],
                         yerr=[r["cosine_se"] for r in rs], marker="o", ms=3, capsize=2,
                         lw=2.2 if name in ("uniform", "sera_dynamic") else 1.0,
-                        label=alignment.ALLOCATOR_SPECS[name].label)
+                        label=methods_lib.get_method(name).label)
         ax.set_xscale("log", base=2)
         ax.set_title(stage)
         ax.set_xlabel("budget N0 (rollouts per image)")
@@ -347,7 +341,7 @@ def plot_alignment(table: Sequence[dict[str, Any]], path: str, stages: Sequence[
 
 
 def summary_markdown(table: Sequence[dict[str, Any]], stages: Sequence[dict[str, Any]],
-                     allocators: Sequence[str], seconds: float,
+                     methods: Sequence[str], seconds: float,
                      config: ml_collections.ConfigDict) -> str:
     """Markdown: stage statistics, cosine mean ± se per (stage, budget) and allocator, and
     SERA-dynamic vs uniform paired differences with κ diagnostics."""
@@ -364,26 +358,25 @@ def summary_markdown(table: Sequence[dict[str, Any]], stages: Sequence[dict[str,
                      f"| {s['frac_p_below_0.1']:.2f} | {s['frac_p_above_0.9']:.2f} "
                      f"| {s['top1']:.3f} |")
     lines += ["", "Cosine to the exact gradient, mean ± std-error over draws:", "",
-              "| stage | N0 | " + " | ".join(allocators) + " |",
-              "|---|---|" + "---|" * len(allocators)]
-    idx = {(r["stage"], r["budget"], r["allocator"]): r for r in table}
+              "| stage | N0 | " + " | ".join(methods) + " |",
+              "|---|---|" + "---|" * len(methods)]
+    idx = {(r["stage"], r["budget"], r["method"]): r for r in table}
     budgets = sorted({r["budget"] for r in table})
     for s in stages:
         for b in budgets:
             cells = [f"{idx[(s['stage'], b, a)]['cosine']:.3f} ± "
                      f"{idx[(s['stage'], b, a)]['cosine_se']:.3f}"
-                     if (s["stage"], b, a) in idx else "" for a in allocators]
+                     if (s["stage"], b, a) in idx else "" for a in methods]
             lines.append(f"| {s['stage']} | {b} | " + " | ".join(cells) + " |")
-    if "uniform" in allocators and "sera_dynamic" in allocators:
-        lines += ["", "SERA dynamic vs uniform (paired over the same draws); κ over active "
+    if "uniform" in methods and "sera" in methods:
+        lines += ["", "SERA (dynamic) vs uniform (paired over the same draws); κ over active "
                   "prompts; cos(E) = cosine of the expected (noise-free) gradient:", "",
                   "| stage | N0 | uniform | SERA | Δ ± se | κmin U | κmin S | κmean U | "
                   "κmean S | active S | cos(E) U | cos(E) S |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for s in stages:
             for b in budgets:
-                u, v = idx.get((s["stage"], b, "uniform")), idx.get((s["stage"], b,
-                                                                     "sera_dynamic"))
+                u, v = idx.get((s["stage"], b, "uniform")), idx.get((s["stage"], b, "sera"))
                 if u is None or v is None:
                     continue
                 lines.append(
@@ -428,12 +421,6 @@ def run_train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
     """Train mode; returns {'log': rows of train_log.csv, 'summary': markdown, 'seconds'}."""
     t0 = time.time()
     tr, al, o = config.train, config.allocation, config.optim
-    if tr.allocator not in alignment.ALLOCATOR_SPECS:
-        raise ValueError(f"config.train.allocator={tr.allocator!r}; allowed "
-                         f"{sorted(alignment.ALLOCATOR_SPECS)}")
-    if tr.num_steps < 1 or tr.log_every < 1:
-        raise ValueError(f"config.train.num_steps={tr.num_steps} and log_every={tr.log_every} "
-                         "must be >= 1")
     os.makedirs(workdir, exist_ok=True)
     mesh = _mesh(config)
     _check_divisible("config.batch_size", config.batch_size, mesh)
@@ -455,7 +442,7 @@ def run_train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
         # as the step's (batch statistics), evaluated once more on the host's behalf.
         p = alignment.success_probs(np.asarray(steps.logits(state, b["image"], train=True)),
                                     hb["label"])
-        ab = alignment.allocate_batch(tr.allocator, p, tr.n0, n_min=al.n_min, n_max=al.n_max,
+        ab = alignment.allocate_batch(tr.method, p, tr.n0, n_min=al.n_min, n_max=al.n_max,
                                       threshold=al.threshold, shift=al.shift)
         align = i % tr.log_every == 0 or i == tr.num_steps - 1
         state, m = steps.rl_step(state, b["image"], b["label"], ab.counts, ab.weights,
@@ -480,8 +467,8 @@ def run_train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
     seconds = time.time() - t0
     write_csv(os.path.join(workdir, "train_log.csv"), log, list(log[0]))
     ks = [f"val_pass@{k}" for k in tr.pass_ks]
-    lines = [f"## Train mode — {config.data.name}, {config.model.name}, allocator "
-             f"{tr.allocator}, N0 = {tr.n0}, {tr.num_steps} steps, seed {config.seed}, "
+    lines = [f"## Train mode — {config.data.name}, {config.model.name}, method "
+             f"{tr.method}, N0 = {tr.n0}, {tr.num_steps} steps, seed {config.seed}, "
              f"{seconds:.1f} s", "",
              "| step | cosine | train CE | val CE | val top-1 | κ min | κ mean | "
              + " | ".join(ks) + " |", "|---" * (7 + len(ks)) + "|"]
@@ -495,10 +482,65 @@ def run_train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
     return {"log": log, "summary": summary, "seconds": seconds}
 
 
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Every field the chosen mode reads, checked before any data or model loads
+    (StudyError naming the field: an infeasible budget, a negative learning rate, ...)."""
+    c, pos = common.check, common.positive_int
+    finite = lambda x: (isinstance(x, int | float) and not isinstance(x, bool)  # noqa: E731
+                        and math.isfinite(x))
+    c(config.mode in ("measure", "train"), "mode", config.mode, "'measure' or 'train'")
+    c(isinstance(config.seed, int), "seed", config.seed, "an integer")
+    c(pos(config.batch_size), "batch_size", config.batch_size, "an integer >= 1")
+    rl_config.validate_mesh(config.mesh)
+    o, al = config.optim, config.allocation
+    c(finite(o.lr) and o.lr > 0, "optim.lr", o.lr, "a finite number > 0 (a negative rate "
+      "ascends the loss)")
+    c(finite(o.momentum) and 0 <= o.momentum < 1, "optim.momentum", o.momentum, "[0, 1)")
+    c(finite(o.weight_decay) and o.weight_decay >= 0, "optim.weight_decay", o.weight_decay,
+      "a finite number >= 0")
+    c(isinstance(o.warmup_steps, int) and o.warmup_steps >= 0, "optim.warmup_steps",
+      o.warmup_steps, "an integer >= 0")
+    c(al.shift in (0, 1), "allocation.shift", al.shift, "0 (conditional) or 1 (centered)")
+    c(isinstance(al.n_min, int) and isinstance(al.n_max, int) and al.shift + 1 <= al.n_min
+      <= al.n_max, "allocation.n_min", al.n_min,
+      f"an integer, {al.shift + 1} <= n_min <= n_max={al.n_max}")
+    c(finite(al.threshold) and 0 <= al.threshold <= 1, "allocation.threshold", al.threshold,
+      "[0, 1]")
+
+    def methods_and_budgets(field: str, names: Sequence[str], budgets: Sequence[int]) -> None:
+        for name in names:
+            c(name in methods_lib.METHODS, field, name, f"a method of sera_jax.methods"
+              f"{methods_lib.nearest(name, methods_lib.METHODS)}: {sorted(methods_lib.METHODS)}")
+        for n0 in budgets:
+            c(isinstance(n0, int) and al.n_min <= n0 <= al.n_max, field.split(".")[0] +
+              (".budgets" if field.startswith("measure") else ".n0"), n0,
+              f"integers in [n_min, n_max] = [{al.n_min}, {al.n_max}] (the budget P·N0 must "
+              "be reachable with every prompt in bounds)")
+
+    if config.mode == "measure":
+        ms = config.measure
+        steps = list(ms.stage_steps)
+        names = list(ms.stage_names) if ms.get("stage_names") else steps
+        c(all(isinstance(s, int) and s >= 0 for s in steps) and steps == sorted(steps)
+          and len(names) == len(steps) and steps, "measure.stage_steps", tuple(steps),
+          f"increasing integers >= 0, one per stage name ({len(names)})")
+        methods_and_budgets("measure.methods", list(ms.methods), list(ms.budgets))
+        c(pos(ms.num_draws) and ms.num_draws >= 2, "measure.num_draws", ms.num_draws,
+          ">= 2 (for error bars)")
+        c(pos(ms.batch_size), "measure.batch_size", ms.batch_size, "an integer >= 1")
+        c(pos(ms.unroll) and pos(ms.cot_chunk), "measure.unroll", ms.unroll,
+          "integers >= 1 (unroll, cot_chunk)")
+    else:
+        tr = config.train
+        methods_and_budgets("train.method", [tr.method], [tr.n0])
+        c(pos(tr.num_steps) and pos(tr.log_every), "train.num_steps", tr.num_steps,
+          "integers >= 1 (num_steps, log_every)")
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-    """Dispatch on `config.mode` ('measure' or 'train')."""
+    """Validate everything, then dispatch on `config.mode` ('measure' or 'train')."""
+    validate(config)
+    workdir = common.prepare_workdir(workdir)
     if config.mode == "measure":
         return run_measure(config, workdir)
-    if config.mode == "train":
-        return run_train(config, workdir)
-    raise ValueError(f"config.mode={config.mode!r}; allowed 'measure' or 'train'")
+    return run_train(config, workdir)

@@ -23,7 +23,7 @@ def test_sharded_rl_step_matches_single_device():
         batch = sharding.shard_batch(b, mesh)
         p = alignment.success_probs(np.asarray(steps.logits(state, batch["image"], train=True)),
                                     b["label"])
-        ab = alignment.allocate_batch("sera_dynamic", p, 4, n_min=2, n_max=16)
+        ab = alignment.allocate_batch("sera", p, 4, n_min=2, n_max=16)
         new, m = steps.rl_step(state, batch["image"], batch["label"], ab.counts, ab.weights,
                                key, n0=4, align=True)
         assert len(batch["image"].sharding.device_set) == len(devices)

@@ -40,7 +40,7 @@ def test_digits_measure_binary_writes_outputs(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "experiments", "gradient_alignment.py"),
            f"--config={os.path.join(ROOT, 'configs/gradient_alignment/digits.py')}",
            f"--workdir={tmp_path}", "--config.measure.budgets=(2,4)",
-           "--config.measure.allocators=('uniform','sera_dynamic')",
+           "--config.measure.methods=('uniform','sera')",
            "--config.measure.num_draws=2", "--config.measure.stage_steps=(0,2)",
            "--config.measure.stage_names=('init','two')", "--config.measure.batch_size=16",
            "--config.batch_size=16", "--config.model.width=4",
@@ -49,7 +49,7 @@ def test_digits_measure_binary_writes_outputs(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT)
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "SERA dynamic vs uniform" in out.stdout
+    assert "SERA (dynamic) vs uniform" in out.stdout
     with open(tmp_path / "alignment.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 * 2 * 2 * 2  # stages x budgets x allocators x draws
@@ -57,13 +57,35 @@ def test_digits_measure_binary_writes_outputs(tmp_path):
     assert all(-1 <= float(r["cosine"]) <= 1 and float(r["norm_ratio"]) > 0 for r in rows)
     # n_min = 2 at N0 = 2 leaves no freedom (unless the dynamic mode drops images): SERA
     # then equals uniform draw by draw, because the draws are paired (same keys).
-    at2 = {(r["stage"], r["draw"], r["allocator"]): r for r in rows if r["budget"] == "2"}
+    at2 = {(r["stage"], r["draw"], r["method"]): r for r in rows if r["budget"] == "2"}
     for (s, d, _), r in at2.items():
         if float(r["active_frac"]) == 1.0:
             assert r["cosine"] == at2[(s, d, "uniform")]["cosine"]
     assert (tmp_path / "alignment.png").stat().st_size > 10_000
     assert any(n.startswith("events") for n in os.listdir(tmp_path / "tensorboard"))
     assert "[4/4] stage 'two' N0=4" in out.stderr  # the periodic progress line
+
+
+def test_validation_before_any_work(tmp_path):
+    """Bad values are refused naming the field before data or models load (the study used
+    to check n_min and the budget after ~20 s of work and to accept lr = -1)."""
+    from sera_jax.studies.common import StudyError
+
+    for field, value, match in (("optim.lr", -1.0, "optim.lr"),
+                                ("optim.lr", float("inf"), "optim.lr"),
+                                ("allocation.n_min", 1, "allocation.n_min"),
+                                ("allocation.threshold", 1.5, "allocation.threshold"),
+                                ("measure.budgets", (2, 1024), "measure.budgets"),
+                                ("measure.methods", ("uniform", "sera_dynamic"),
+                                 "did you mean"),
+                                ("measure.num_draws", 1, "num_draws"),
+                                ("mode", "trian", "mode")):
+        c = _config("digits")
+        section, key = field.split(".") if "." in field else (None, field)
+        (c[section] if section else c)[key] = value
+        with pytest.raises(StudyError, match=match):
+            study.run(c, str(tmp_path / "w"))
+    assert not (tmp_path / "w").exists()
 
 
 def test_digits_train_mode(tmp_path):
@@ -93,7 +115,7 @@ def test_imagenet_config_on_mock_data(tmp_path, mode):
     c.train.num_steps, c.train.log_every, c.train.n0 = 2, 1, 4
     c.train.eval_batch_size, c.train.eval_batches = 8, 1
     c.measure.stage_steps, c.measure.stage_names = (0, 1), ("init", "one")
-    c.measure.budgets, c.measure.allocators = (2, 4), ("uniform", "sera_dynamic")
+    c.measure.budgets, c.measure.methods = (2, 4), ("uniform", "sera")
     c.measure.num_draws, c.measure.unroll, c.measure.cot_chunk = 2, 2, 4
     with tfds.testing.mock_data(num_examples=16):
         res = study.run(c, str(tmp_path / "out"))
