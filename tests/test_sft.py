@@ -1,15 +1,17 @@
 """Supervised fine-tuning: batch layout, loss on answer tokens only, learning, exact resume."""
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
 
-from sera_jax import sft
+from sera_jax import loop, sft
 from sera_jax import sharding as shd
 from sera_jax.checkpoint import CheckpointError
 from sera_jax.models.decoder import Decoder, DecoderConfig, token_logprobs
+from sera_jax.records import read_jsonl
 from sera_jax.tasks import maze as M
 
 TINY = DecoderConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=1,
@@ -77,46 +79,47 @@ def test_validate_names_the_field():
         sft.validate(small_config(warmup_steps=6))
     with pytest.raises(ValueError, match="batch_size"):
         sft.validate(small_config(batch_size=0))
+    for field, value in (("learning_rate", float("inf")), ("learning_rate", float("nan")),
+                         ("learning_rate", -1.0), ("grad_clip", float("nan"))):
+        with pytest.raises(ValueError, match=field):
+            sft.validate(small_config(**{field: value}))
 
 
-def test_training_lowers_the_loss(task):
-    c = small_config(num_steps=12, learning_rate=2e-2, warmup_steps=2)
+def program(task, config, seed=0, mesh=None):
     width = task.max_prompt_len + M.max_answer_length(5)
-    trainer = sft.SFTTrainer(tiny_model(), c, examples_of(task), task.split_size("sft"), width,
-                             M.PAD)
-    hist = trainer.train()
+    return sft.SFTProgram(tiny_model(seed), config, examples_of(task), task.split_size("sft"),
+                          width, M.PAD, mesh=mesh)
+
+
+def test_training_lowers_the_loss(task, tmp_path):
+    c = small_config(num_steps=12, learning_rate=2e-2, warmup_steps=2)
+    result = sft.train(program(task, c), str(tmp_path))
+    hist = read_jsonl(str(tmp_path / "train.jsonl"))
+    assert [r["step"] for r in hist] == list(range(1, 13)) and result.step == 12
     assert hist[-1]["loss"] < 0.5 * hist[0]["loss"]
-    assert trainer.step == 12
 
 
 def test_resume_is_exact_and_sharded_equals_single_device(task, tmp_path):
-    width = task.max_prompt_len + M.max_answer_length(5)
     c = small_config(num_steps=4, checkpoint_every=2)
     mesh8 = shd.make_mesh((-1, 1, 1))
     assert shd.batch_divisor(mesh8) == 8
-    full = sft.SFTTrainer(tiny_model(), c, examples_of(task), 2, width, M.PAD, mesh=mesh8,
-                          workdir=str(tmp_path / "full"))
-    full.train()
-    # Two processes' worth: 4 steps, "crash", then the same command again.
-    part = sft.SFTTrainer(tiny_model(), c, examples_of(task), 2, width, M.PAD, mesh=mesh8,
-                          workdir=str(tmp_path / "part"))
-    part.train(stop_after=3)  # checkpoints at 2, and at 3 on the way out
-    part.ckpt.close()
-    # Resuming under another hyperparameter is refused, naming it; step counts may change.
-    with pytest.raises(CheckpointError, match=r"learning_rate: 0.003 -> 0.001"):
-        sft.SFTTrainer(tiny_model(), small_config(num_steps=4, checkpoint_every=2,
-                                                  learning_rate=1e-3),
-                       examples_of(task), 2, width, M.PAD, mesh=mesh8,
-                       workdir=str(tmp_path / "part"))
-    longer = sft.SFTTrainer(tiny_model(), small_config(num_steps=9, checkpoint_every=2),
-                            examples_of(task), 2, width, M.PAD, mesh=mesh8,
-                            workdir=str(tmp_path / "part"))
-    assert longer.step == 3
-    longer.ckpt.close()
-    resumed = sft.SFTTrainer(tiny_model(1), c, examples_of(task), 2, width, M.PAD, mesh=mesh8,
-                             workdir=str(tmp_path / "part"))
-    assert resumed.step == 3
-    resumed.train()
+    full = program(task, c, mesh=mesh8)
+    sft.train(full, str(tmp_path / "full"))
+    # 4 steps, "crash" after 3, then the same command again.
+    part = program(task, c, mesh=mesh8)
+    assert sft.train(part, str(tmp_path / "part"), stop_after=3).step == 3
+    # Resuming under another hyperparameter is refused, naming it -- including num_steps,
+    # which sets the cosine schedule; logging and checkpoint cadence may change.
+    for changed, match in ((small_config(num_steps=4, checkpoint_every=2, learning_rate=1e-3),
+                            r"sft\.learning_rate: 0\.003 -> 0\.001"),
+                           (small_config(num_steps=9, checkpoint_every=2),
+                            r"sft\.num_steps: 4 -> 9")):
+        with pytest.raises(CheckpointError, match=match):
+            sft.train(program(task, changed, mesh=mesh8), str(tmp_path / "part"))
+    resumed = program(task, small_config(num_steps=4, checkpoint_every=1, log_every=2), seed=1,
+                      mesh=mesh8)
+    result = sft.train(resumed, str(tmp_path / "part"))
+    assert (result.resumed_from, result.step) == (2, 4)
     # Shardings survive the jitted step (parameters stay on the mesh's partition rules).
     emb = nnx.state(resumed.model)["embed"].get_value()
     assert emb.sharding.mesh.devices.size == 8
@@ -125,13 +128,32 @@ def test_resume_is_exact_and_sharded_equals_single_device(task, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # One device gives the same parameters up to float reassociation.
     mesh1 = shd.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-    single = sft.SFTTrainer(tiny_model(), c, examples_of(task), 2, width, M.PAD, mesh=mesh1)
-    single.train()
+    single = program(task, c, mesh=mesh1)
+    sft.train(single, str(tmp_path / "single"))
     for a, b in zip(jax.tree.leaves(nnx.state(full.model)),
                     jax.tree.leaves(nnx.state(single.model))):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
-    # The saved final parameters load into a fresh model.
+    # The saved final parameters load into a fresh model (under the fingerprint they had).
     fresh = tiny_model(7)
-    assert sft.load_final_params(fresh, c, str(tmp_path / "full"), mesh8) == 4
+    assert sft.load_final_params(fresh, c, str(tmp_path / "full"), mesh8,
+                                 fingerprint={"sft": c.to_dict()}) == 4
     for a, b in zip(jax.tree.leaves(nnx.state(full.model)), jax.tree.leaves(nnx.state(fresh))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(CheckpointError, match="sft.batch_size"):
+        sft.load_final_params(tiny_model(7), c, str(tmp_path / "full"), mesh8,
+                              fingerprint={"sft": small_config(batch_size=16).to_dict()})
+
+
+def test_huge_learning_rate_stops_with_the_last_finite_checkpoint(task, tmp_path):
+    """lr = 1e20: the run stops with NonFiniteError instead of training and checkpointing
+    NaN; the checkpoint it names restores to finite parameters."""
+    c = small_config(num_steps=6, checkpoint_every=1, learning_rate=1e20, warmup_steps=0,
+                     max_checkpoints_to_keep=1)
+    with pytest.raises(loop.NonFiniteError, match="was not applied"):
+        sft.train(program(task, c), str(tmp_path))
+    fresh = tiny_model(7)
+    step = sft.load_final_params(fresh, c, str(tmp_path))
+    assert step >= 1 and all(bool(jnp.all(jnp.isfinite(x)))
+                             for x in jax.tree.leaves(nnx.state(fresh)))
+    assert [r["step"] for r in read_jsonl(str(tmp_path / "train.jsonl"))] == list(
+        range(1, step + 1))

@@ -196,7 +196,12 @@ def test_task_prompts_scores_and_answers(policy_dir):
                                   "qwen3_4b_polaris"])
 def test_configs_are_valid(name):
     cfg = config_files.get_config(os.path.join(ROOT, "configs", "math", f"{name}.py"))
-    mr.validate(cfg, common.parse_methods(cfg.compare.methods))
+    methods = common.parse_methods(cfg.compare.methods)
+    if cfg.model.source != "embedded":  # paper configs: the checkpoint path is the user's
+        with pytest.raises(common.StudyError, match="config.model.path"):
+            mr.validate(cfg, methods)
+        cfg.model.path = "/path/to/checkpoint"
+    mr.validate(cfg, methods)
     if cfg.task.source == "files":  # paper configs: the data paths are the user's to give
         with pytest.raises(ValueError, match="config.task.train_path is empty"):
             math_task.load_splits(cfg.task)
