@@ -3,9 +3,6 @@ and (slow) a trainer step + checkpoint on a mesh spanning both equals the 1-proc
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 
 import jax
@@ -14,36 +11,15 @@ import pytest
 
 from sera_jax import sharding as shd
 from sera_jax.rl import trainer as trainer_lib
+from tests import util
 from tests.rl.test_trainer import small_config, with_history
 from tests.rl.toy import EmitTask, tiny_model
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _launch(tmp_path, *extra, timeout=300) -> dict:
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.rl.multihost_worker", str(i),
-                               str(port), str(tmp_path), *extra], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, out in zip(procs, outputs):
-        assert p.returncode == 0, out[-3000:]
+    port = util.free_port()
+    util.launch([[sys.executable, "-m", "tests.rl.multihost_worker", str(i), str(port),
+                  str(tmp_path), *extra] for i in range(2)], util.cpu_job_env(), timeout)
     return dict(np.load(tmp_path / "results.npz"))
 
 

@@ -27,6 +27,7 @@ from sera_jax.studies import common
 from sera_jax.studies import math_reasoning as mr
 from sera_jax.tasks.mathqa import data as math_data
 from sera_jax.tasks.mathqa import task as math_task
+from tests import util
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -140,12 +141,7 @@ def test_validation_before_the_model_loads(policy_dir, tmp_path):
     for field, value, match in (("compare.methods", "sera,serra", "did you mean 'sera'"),
                                 ("eval.top_p", 0.0, "eval.top_p"),
                                 ("rl.optimizer.learning_rate", float("inf"), "learning_rate")):
-        bad = tiny_config(policy_dir)
-        section, *rest = field.split(".")
-        target = bad[section]
-        for key in rest[:-1]:
-            target = target[key]
-        target[rest[-1]] = value
+        bad = util.set_field(tiny_config(policy_dir), field, value)
         with pytest.raises(common.StudyError, match=match):
             mr.run(bad, str(tmp_path / "w"), stage="all")
     assert not os.path.exists(tmp_path / "w")

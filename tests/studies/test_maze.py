@@ -4,7 +4,6 @@ eval; resume after a kill; refused resumes; overrides that take effect; the bina
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -18,8 +17,9 @@ from sera_jax.records import read_jsonl
 from sera_jax.studies import common
 from sera_jax.studies import maze as study
 from sera_jax.tasks import maze as maze_lib
+from tests import util
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = util.ROOT
 
 
 def load_config(name):
@@ -127,9 +127,7 @@ def test_resume_under_another_experiment_is_refused(finished):
     saved = open(config_path).read()
     for field, value in (("eval.temperature", 0.5), ("task.seed", 1),
                          ("sft.learning_rate", 1e-3)):
-        changed = load_config("tiny")
-        section, key = field.split(".")
-        changed[section][key] = value
+        changed = util.set_field(load_config("tiny"), field, value)
         with pytest.raises(CheckpointError, match=field.replace(".", r"\.")):
             study.stage_rl(changed, work, "uniform", 0, mesh)
         assert open(config_path).read() == saved
@@ -194,12 +192,7 @@ def test_bad_arguments(tmp_path):
                                 ("eval.temperature", -1.0, "eval.temperature"),
                                 ("rl.method", "sera", "rl.method"),
                                 ("eval.num_prompts", 99, "eval.num_prompts")):
-        bad = load_config("tiny")
-        section, *rest = field.split(".")
-        target = bad[section]
-        for key in rest[:-1]:
-            target = target[key]
-        target[rest[-1]] = value
+        bad = util.set_field(load_config("tiny"), field, value)
         with pytest.raises(common.StudyError, match=match):
             study.run(bad, str(tmp_path / "x"), "all", ["sera"], [0])
     assert not os.path.exists(tmp_path / "x")  # validated before the workdir is made
@@ -248,35 +241,16 @@ def test_lr_1e20_stops_nonzero_and_keeps_the_last_finite_checkpoint(finished, tm
     assert all(r["finite"] == 1.0 for r in records)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_process_maze_binary_initialises_jax_distributed(tmp_path):
     """Two CPU processes run the maze binary's SFT stage as one JAX job."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-    args = ["--config=configs/maze/tiny.py", f"--workdir={tmp_path}", "--stage=sft",
-            "--config.rl.multihost.enabled=True", "--config.rl.multihost.num_processes=2",
-            f"--config.rl.multihost.coordinator_address=127.0.0.1:{port}"]
-    procs = [subprocess.Popen([sys.executable, "-m", "experiments.maze", *args,
-                               f"--config.rl.multihost.process_id={i}"], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=400)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, out in zip(procs, outputs):
-        assert p.returncode == 0, out[-3000:]
-        assert "process 0 of 2" in out or "process 1 of 2" in out, out[-2000:]
+    args = [sys.executable, "-m", "experiments.maze", "--config=configs/maze/tiny.py",
+            f"--workdir={tmp_path}", "--stage=sft", "--config.rl.multihost.enabled=True",
+            "--config.rl.multihost.num_processes=2",
+            f"--config.rl.multihost.coordinator_address=127.0.0.1:{util.free_port()}"]
+    outputs = util.launch([args + [f"--config.rl.multihost.process_id={i}"] for i in range(2)],
+                          util.cpu_job_env(), timeout=400)
+    for i, out in enumerate(outputs):
+        assert f"JAX process {i} of 2" in out, out[-2000:]
     assert os.path.exists(tmp_path / "sft" / "eval.json")
     assert len(read_jsonl(str(tmp_path / "sft" / "train.jsonl"))) == 3  # written once

@@ -10,6 +10,7 @@ import pytest
 
 from sera_jax import config_files
 from sera_jax.vision import study
+from tests import util
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -80,9 +81,7 @@ def test_validation_before_any_work(tmp_path):
                                  "did you mean"),
                                 ("measure.num_draws", 1, "num_draws"),
                                 ("mode", "trian", "mode")):
-        c = _config("digits")
-        section, key = field.split(".") if "." in field else (None, field)
-        (c[section] if section else c)[key] = value
+        c = util.set_field(_config("digits"), field, value)
         with pytest.raises(StudyError, match=match):
             study.run(c, str(tmp_path / "w"))
     assert not (tmp_path / "w").exists()
