@@ -179,6 +179,15 @@ def batch_divisor(mesh: Mesh) -> int:
     return math.prod(mesh.shape[a] for a in BATCH_AXES)
 
 
+def round_up_to_shards(rows: int, mesh: Mesh | None) -> int:
+    """The smallest multiple of the mesh's batch shards (data·fsdp) that is >= `rows`
+    (`rows` itself without a mesh): a batch size every shard can take an equal part of."""
+    if mesh is None:
+        return int(rows)
+    d = batch_divisor(mesh)
+    return -(-int(rows) // d) * d
+
+
 def shard_model(model: nnx.Module, mesh: Mesh, rules: Mapping[str, MeshAxes] = LOGICAL_RULES):
     """Place the model's state on `mesh` by the partition rules (in place); returns the model."""
     state = nnx.state(model)

@@ -1,5 +1,6 @@
 """On-policy RL trainer (history -> allocate -> sample -> verify -> advantages -> AdamW).
 
-`sera_jax.rl.config.get_config()` holds the defaults; `sera_jax.rl.trainer.run` trains with
-automatic resume; `sera_jax.rl.evaluate.evaluate` measures pass@k.
+`sera_jax.rl.config.get_config()` holds the defaults and the method resolution;
+`sera_jax.rl.trainer.Trainer` is one step (run it with `sera_jax.loop` via `RLProgram`);
+`sera_jax.rl.evaluate.evaluate` measures pass@k.
 """

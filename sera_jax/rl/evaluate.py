@@ -118,9 +118,7 @@ def evaluate(
     total = ids.size * n
     row_prompt = np.repeat(np.arange(ids.size), n)
     row_key_index = ids[row_prompt].astype(np.int64) * n + np.tile(np.arange(n), ids.size)
-    width = min(batch_size, total)
-    if mesh is not None:
-        width = -(-width // shd.batch_divisor(mesh)) * shd.batch_divisor(mesh)
+    width = shd.round_up_to_shards(min(batch_size, total), mesh)
 
     tokens, lengths, truncated = [], [], []
     for start in range(0, total, width):

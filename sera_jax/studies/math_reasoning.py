@@ -141,9 +141,7 @@ def evaluate_policy(model: Decoder, task: MathTask, cfg: ml_collections.ConfigDi
     "after" see the same random numbers (common random numbers)."""
     e = cfg.eval
     ids = np.arange(min(int(e.num_prompts), task.split_size("eval")))
-    batch = int(e.batch_size)
-    if mesh is not None:
-        batch = -(-batch // shd.batch_divisor(mesh)) * shd.batch_divisor(mesh)
+    batch = shd.round_up_to_shards(int(e.batch_size), mesh)
     sampling = eval_sampling(cfg, task)
     t0 = time.perf_counter()
     res = eval_lib.evaluate(model, task, "eval", num_samples=int(e.num_samples),

@@ -169,9 +169,7 @@ def evaluate_policy(model: Any, task: maze_lib.MazeTask, cfg: ml_collections.Con
     record with the pass@k curve and the per-maze correct counts.
     """
     ids = np.arange(min(int(cfg.eval.num_prompts), task.split_size("eval")))
-    batch = int(cfg.eval.batch_size)
-    if mesh is not None:
-        batch = -(-batch // shd.batch_divisor(mesh)) * shd.batch_divisor(mesh)
+    batch = shd.round_up_to_shards(int(cfg.eval.batch_size), mesh)
     t0 = time.perf_counter()
     res = eval_lib.evaluate(
         model, task, "eval", num_samples=int(num_samples), sampling=eval_sampling(cfg, task),
