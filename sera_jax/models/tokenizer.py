@@ -17,6 +17,7 @@ import os
 import re
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tokenizers
@@ -113,9 +114,12 @@ class Tokenizer:
         return self.encode(self.chat_prompt(messages, system))
 
 
-def _default_system(chat_template: str | None) -> str | None:
+def _default_system(chat_template: Any) -> str | None:
     # Templates that insert a system turn carry it as a literal after "<|im_start|>system\n".
-    if not chat_template:
+    if isinstance(chat_template, list):  # [{"name": "default", "template": "..."}, ...]
+        named = {t.get("name"): t.get("template") for t in chat_template if isinstance(t, dict)}
+        chat_template = named.get("default")
+    if not isinstance(chat_template, str) or not chat_template:
         return None
     m = re.search(r"<\|im_start\|>system\\?\n(.*?)<\|im_end\|>", chat_template, re.S)
     if not m or "{{" in m.group(1) or "{%" in m.group(1):
@@ -148,38 +152,78 @@ def from_gguf(source) -> Tokenizer:
         field = reader.fields.get(key)
         return default if field is None else field.contents()
 
+    fix = ("use a GGUF with an embedded gpt2-style tokenizer (llama.cpp's converter writes "
+           "one) or a tokenizer.json directory")
     kind = get("tokenizer.ggml.model")
+    if kind is None:
+        raise ValueError(f"{path}: the GGUF has no tokenizer (no tokenizer.ggml.model); {fix}")
     if kind != "gpt2":
         raise ValueError(
             f"{path}: tokenizer.ggml.model={kind!r}; only gpt2-style byte-level BPE is supported"
         )
-    tokens = list(get("tokenizer.ggml.tokens"))
-    merges = [tuple(m.split(" ", 1)) for m in get("tokenizer.ggml.merges")]
+    tokens = _string_list(get("tokenizer.ggml.tokens"), "tokenizer.ggml.tokens", path, fix)
+    merge_texts = _string_list(get("tokenizer.ggml.merges"), "tokenizer.ggml.merges", path,
+                               fix)
+    bad = next((i for i, m in enumerate(merge_texts) if m.count(" ") != 1), None)
+    if bad is not None:
+        raise ValueError(f"{path}: tokenizer.ggml.merges[{bad}]={merge_texts[bad]!r} is not "
+                         f"'left right'; the file is corrupt. {fix}")
+    merges = [tuple(m.split(" ", 1)) for m in merge_texts]
     types = list(get("tokenizer.ggml.token_type", [1] * len(tokens)))
+    if len(types) != len(tokens):
+        raise ValueError(f"{path}: tokenizer.ggml.token_type has {len(types)} entries for "
+                         f"{len(tokens)} tokens; the file is corrupt. {fix}")
     vocab = {t: i for i, t in enumerate(tokens)}
-    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
+    try:
+        tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
+    except Exception as e:  # noqa: BLE001 -- tokenizers raises a bare Exception
+        raise ValueError(f"{path}: the GGUF tokenizer is inconsistent ({e}). {fix}") from e
     tok.pre_tokenizer = _pre_tokenizer(get("tokenizer.ggml.pre", "default"))
     tok.decoder = decoders.ByteLevel()
     control = int(gguf.TokenType.CONTROL)
     specials = [tokenizers.AddedToken(t, special=True, normalized=False)
                 for t, ty in zip(tokens, types) if ty == control]
     tok.add_special_tokens(specials)
-    eos = int(get("tokenizer.ggml.eos_token_id", 0))
+    eos = _token_index(get("tokenizer.ggml.eos_token_id", 0), "eos", len(tokens), path)
     bos = get("tokenizer.ggml.bos_token_id")
-    pad = get("tokenizer.ggml.padding_token_id", eos)
+    bos = None if bos is None else _token_index(bos, "bos", len(tokens), path)
+    pad = _token_index(get("tokenizer.ggml.padding_token_id", eos), "padding", len(tokens), path)
     return Tokenizer(
         tok=tok,
         eos_id=eos,
-        bos_id=None if bos is None else int(bos),
-        pad_id=int(pad),
+        bos_id=bos,
+        pad_id=pad,
         stop_ids=_stop_ids(tok, eos),
         default_system=_default_system(get("tokenizer.chat_template")),
     )
 
 
-def _token_text(value) -> str | None:
+def _string_list(value: Any, key: str, path: str, fix: str) -> list[str]:
+    if value is None:
+        raise ValueError(f"{path}: the GGUF has no {key}; {fix}")
+    values = list(value) if isinstance(value, list | tuple) else None
+    if not values or not all(isinstance(v, str) for v in values):
+        raise ValueError(f"{path}: {key} must be a non-empty list of strings; the file is "
+                         f"corrupt. {fix}")
+    return values
+
+
+def _token_index(value: Any, what: str, n: int, path: str) -> int:
+    """A special-token id from GGUF metadata, checked against the vocabulary size."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 0 <= value < n:
+        raise ValueError(
+            f"{path}: tokenizer.ggml.{what}_token_id={value!r} is not a token id of the "
+            f"{n}-token vocabulary; the file is corrupt or its tokenizer metadata is wrong"
+        )
+    return int(value)
+
+
+def _token_text(value: Any, key: str, file: str) -> str | None:
     if isinstance(value, dict):  # {"content": "<|im_end|>", ...}
-        return value.get("content")
+        value = value.get("content")
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{file}: {key}={value!r} must be a token string (or an object "
+                         "with a 'content' string)")
     return value
 
 
@@ -189,16 +233,28 @@ def from_pretrained_dir(path: str | os.PathLike) -> Tokenizer:
     tok_file = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(tok_file):
         raise FileNotFoundError(f"no tokenizer.json in {path!r}")
-    tok = tokenizers.Tokenizer.from_file(tok_file)
-    tcfg = {}
+    try:
+        tok = tokenizers.Tokenizer.from_file(tok_file)
+    except Exception as e:  # noqa: BLE001 -- tokenizers raises a bare Exception
+        raise ValueError(
+            f"{tok_file}: not a readable tokenizer.json ({e}); it is truncated, corrupt or "
+            "from an incompatible `tokenizers` version. Fix: re-download it") from e
+    tcfg: dict[str, Any] = {}
     cfg_file = os.path.join(path, "tokenizer_config.json")
     if os.path.isfile(cfg_file):
-        with open(cfg_file) as f:
-            tcfg = json.load(f)
+        tcfg = _read_json_object(cfg_file)
 
     def lookup(key):
-        text = _token_text(tcfg.get(key))
-        return None if text is None else tok.token_to_id(text)
+        text = _token_text(tcfg.get(key), key, cfg_file)
+        if text is None:
+            return None
+        idx = tok.token_to_id(text)
+        if idx is None:
+            raise ValueError(
+                f"{cfg_file}: {key}={text!r} is not in the vocabulary of {tok_file}; the two "
+                "files do not belong together. Fix: use the tokenizer_config.json shipped with "
+                "this tokenizer.json")
+        return idx
 
     eos = lookup("eos_token")
     if eos is None:
@@ -218,6 +274,21 @@ def from_pretrained_dir(path: str | os.PathLike) -> Tokenizer:
         stop_ids=_stop_ids(tok, eos),
         default_system=_default_system(tcfg.get("chat_template")),
     )
+
+
+def _read_json_object(file: str) -> dict[str, Any]:
+    fix = "re-download it (or delete it: eos falls back to <|im_end|> / <|endoftext|>)"
+    try:
+        with open(file, "rb") as f:
+            value = json.loads(f.read().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{file}: not UTF-8 text (byte {e.start}); {fix}") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file}: not valid JSON (line {e.lineno}, column {e.colno}: "
+                         f"{e.msg}); {fix}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"{file}: must hold a JSON object, got {type(value).__name__}; {fix}")
+    return value
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:

@@ -27,6 +27,7 @@ architecture llama.cpp's converter permutes the rows of q/k within each head fro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -160,21 +161,44 @@ def _np_dtype(dtype: Any) -> np.dtype:
     return np.dtype(jax.numpy.dtype(dtype))  # accepts jnp.bfloat16 and strings too
 
 
+def _check_finite(host: np.ndarray, converted: np.ndarray, tensor: str, source: str,
+                  target: np.dtype) -> None:
+    """NaN / Inf in a loaded weight is an error naming the tensor (never a silent model)."""
+    if not jax.numpy.issubdtype(converted.dtype, jax.numpy.inexact):
+        return
+    finite = np.isfinite(converted)
+    if finite.all():
+        return
+    bad = int(finite.size - np.count_nonzero(finite))
+    if np.isfinite(np.asarray(host, np.float32)).all():
+        why = (f"its values overflow param_dtype={target.name} (largest |w| = "
+               f"{float(np.abs(np.asarray(host, np.float32)).max()):.4g}); load with a wider "
+               "param_dtype (float32 / bfloat16)")
+    else:
+        why = ("the file holds them: it is corrupt, or was saved from a diverged model; "
+               "re-download or re-export it")
+    raise ValueError(
+        f"{source}: tensor {tensor} has {bad} NaN/Inf value(s) of {finite.size}: {why}"
+    )
+
+
 def _build(
     cfg: DecoderConfig,
-    tensors: Iterator[tuple[tuple, np.ndarray]],
+    tensors: Iterator[tuple[tuple, np.ndarray, str]],
     mesh: jax.sharding.Mesh | None,
     rules: Rules | None,
     source: str,
 ) -> Decoder:
-    """Fill an abstract model from `(our_path, host_array)` pairs, one tensor at a time."""
+    """Fill an abstract model from `(our_path, host_array, file tensor name)` triples, one
+    tensor at a time. Raises ValueError for a shape mismatch, NaN / Inf values or missing
+    parameters."""
     model = abstract_model(cfg)
     shardings = param_shardings(model, mesh, rules)
     state = nnx.state(model, nnx.Param)
     flat = dict(nnx.to_flat_state(state))
     filled = set()
     target = _np_dtype(cfg.param_dtype)
-    for path, host in tensors:
+    for path, host, tensor in tensors:
         var = flat[path]
         expected = tuple(var.get_value().shape)
         if tuple(host.shape) != expected:
@@ -184,7 +208,10 @@ def _build(
                 f"conversion, but the config expects {expected}; the checkpoint does not "
                 "match the config"
             )
-        var.set_value(_place(np.ascontiguousarray(host.astype(target)), shardings[path]))
+        with np.errstate(over="ignore"):  # an overflow is reported just below
+            converted = np.ascontiguousarray(host.astype(target))
+        _check_finite(host, converted, tensor, source, target)
+        var.set_value(_place(converted, shardings[path]))
         filled.add(path)
     missing = set(flat) - filled
     if missing:
@@ -199,31 +226,124 @@ def _build(
 # ---------------------------------------------------------------------------------------
 
 
+def _read_json_object(file: str, fix: str) -> dict[str, Any]:
+    """A JSON object from `file`, or ValueError naming the file, the position and `fix`."""
+    try:
+        with open(file, "rb") as f:
+            text = f.read().decode("utf-8")
+        value = json.loads(text)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{file}: not UTF-8 text (byte {e.start}); {fix}") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"{file}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); {fix}"
+        ) from e
+    if not isinstance(value, dict):
+        raise ValueError(f"{file}: must hold a JSON object, got {type(value).__name__}; {fix}")
+    return value
+
+
+# config.json fields the conversion reads, with the kind of value each must hold.
+_HF_INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads")
+_HF_OPTIONAL_INT_FIELDS = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+_HF_FLOAT_FIELDS = ("rope_theta", "rms_norm_eps", "initializer_range")
+
+
+def _check_hf_config(hf: Mapping[str, Any], file: str) -> None:
+    """Every field `from_hf_config` converts has the right kind of value (else one message
+    naming the field, instead of a KeyError / TypeError from deep inside)."""
+
+    def whole(v):
+        return (isinstance(v, int) and not isinstance(v, bool)) or (
+            isinstance(v, float) and v.is_integer())
+
+    problems = [f"{k} is missing" for k in _HF_INT_FIELDS if k not in hf]
+    problems += [f"{k}={hf[k]!r} is not a whole number" for k in _HF_INT_FIELDS
+                 if k in hf and not whole(hf[k])]
+    problems += [f"{k}={hf[k]!r} is not a whole number" for k in _HF_OPTIONAL_INT_FIELDS
+                 if hf.get(k) is not None and not whole(hf[k])]
+    problems += [f"{k}={hf[k]!r} is not a number" for k in _HF_FLOAT_FIELDS
+                 if hf.get(k) is not None and (isinstance(hf[k], bool)
+                                               or not isinstance(hf[k], int | float))]
+    for key in ("rope_parameters", "rope_scaling"):
+        if hf.get(key) is not None and not isinstance(hf[key], dict):
+            problems.append(f"{key}={hf[key]!r} is not an object")
+    if problems:
+        raise ValueError(
+            f"{file}: {'; '.join(problems)}. Fix: use the config.json that came with the "
+            "weights (a Llama / Qwen2 / Qwen3 / Mistral checkpoint)"
+        )
+
+
 def load_hf_config(path: str | os.PathLike, **overrides: Any) -> DecoderConfig:
-    """`DecoderConfig` from `path/config.json` (fields in `overrides` replace parsed ones)."""
+    """`DecoderConfig` from `path/config.json` (fields in `overrides` replace parsed ones).
+
+    Raises FileNotFoundError without a config.json, ValueError naming the file for one that
+    is not a JSON object, lacks a field or holds a value of the wrong kind."""
     cfg_file = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_file):
         raise FileNotFoundError(
             f"no config.json in {os.fspath(path)!r}; expected a Hugging Face checkpoint "
             "directory (config.json + *.safetensors)"
         )
-    with open(cfg_file) as f:
-        return from_hf_config(json.load(f), **overrides)
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(DecoderConfig)})
+    if unknown:
+        raise TypeError(f"unknown DecoderConfig field(s) {unknown} in the overrides")
+    hf = _read_json_object(cfg_file, "re-download the checkpoint's config.json")
+    _check_hf_config(hf, cfg_file)
+    try:
+        return from_hf_config(hf, **overrides)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{cfg_file}: {e}") from e
+
+
+def _open_safetensors(file: str):
+    """`safe_open(file)`, or ValueError naming the file for a truncated / garbage one."""
+    try:
+        return safe_open(file, framework="numpy")
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- SafetensorError and friends carry no path
+        size = os.path.getsize(file) if os.path.exists(file) else 0
+        raise ValueError(
+            f"{file}: not a readable safetensors file ({type(e).__name__}: {e}; {size} "
+            "bytes): it is truncated or corrupt. Fix: re-download it (compare its size / "
+            "sha256 with the hub's)"
+        ) from e
 
 
 def _safetensors_index(path: str) -> dict[str, str]:
     """Tensor name -> file, from `model.safetensors.index.json` or every `*.safetensors`."""
     index_file = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index_file):
-        with open(index_file) as f:
-            weight_map = json.load(f)["weight_map"]
+        fix = "re-download the checkpoint's model.safetensors.index.json"
+        index_json = _read_json_object(index_file, fix)
+        if "weight_map" not in index_json:
+            raise ValueError(f"{index_file}: has no 'weight_map' (tensor name -> file "
+                             f"name); {fix}")
+        weight_map = index_json["weight_map"]
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+        ):
+            raise ValueError(
+                f"{index_file}: 'weight_map' must be an object of tensor name -> file name, "
+                f"got {str(weight_map)[:80]!r}; {fix}"
+            )
+        missing = sorted({f for f in weight_map.values()
+                          if not os.path.isfile(os.path.join(path, f))})
+        if missing:
+            raise FileNotFoundError(
+                f"{index_file} names weight files that are not in {path!r}: {missing[:4]}; "
+                "download every shard of the checkpoint"
+            )
         return {name: os.path.join(path, fname) for name, fname in weight_map.items()}
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {path!r}")
     index = {}
     for fname in files:
-        with safe_open(os.path.join(path, fname), framework="numpy") as f:
+        with _open_safetensors(os.path.join(path, fname)) as f:
             for name in f.keys():
                 index[name] = os.path.join(path, fname)
     return index
@@ -247,6 +367,10 @@ def load_hf_checkpoint(
     """
     path = os.fspath(path)
     if not os.path.isdir(path):
+        if os.path.exists(path):
+            raise FileNotFoundError(
+                f"{path!r} is a file; give the checkpoint directory (config.json + "
+                "*.safetensors)")
         raise FileNotFoundError(f"checkpoint directory {path!r} does not exist")
     if cfg is None:
         cfg = load_hf_config(path, **overrides)
@@ -276,8 +400,16 @@ def load_hf_checkpoint(
             for hf, ours, to_ours, _ in table:
                 fname = index[hf]
                 if fname not in handles:
-                    handles[fname] = safe_open(fname, framework="numpy").__enter__()
-                yield ours, to_ours(handles[fname].get_tensor(hf))
+                    handles[fname] = _open_safetensors(fname).__enter__()
+                try:
+                    host = handles[fname].get_tensor(hf)
+                except Exception as e:  # noqa: BLE001 -- SafetensorError carries no path
+                    raise ValueError(
+                        f"{fname}: cannot read tensor {hf!r} ({type(e).__name__}: {e}); the "
+                        "file is corrupt or does not hold what the index says. Fix: "
+                        "re-download the checkpoint"
+                    ) from e
+                yield ours, to_ours(host), hf
         finally:
             for h in handles.values():
                 h.__exit__(None, None, None)
@@ -349,7 +481,17 @@ def open_gguf(source):
     path = os.fspath(source)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"GGUF file {path!r} does not exist")
-    return gguf.GGUFReader(path)
+    size = os.path.getsize(path)
+    fix = "Fix: re-download it (compare its size / sha256 with the source's) or re-convert it"
+    if size == 0:
+        raise ValueError(f"{path}: the GGUF file is empty (0 bytes). {fix}")
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as e:  # noqa: BLE001 -- IndexError / reshape ValueError / KeyError ...
+        raise ValueError(
+            f"{path}: not a readable GGUF file ({type(e).__name__}: {e}; {size} bytes): it is "
+            f"truncated, corrupt or not GGUF. {fix}"
+        ) from e
 
 
 def _open_gguf(source):
@@ -371,11 +513,17 @@ def gguf_config(source, **overrides: Any) -> DecoderConfig:
 
 
 def _gguf_config(reader, arch: str, path: str, overrides: Mapping[str, Any]) -> DecoderConfig:
-    def get(key, default=None):
+    def get(key, default=None, kind=int):
         value = _gguf_value(reader, f"{arch}.{key}", default)
         if value is None:
             raise ValueError(f"{path}: GGUF metadata {arch}.{key} is missing")
-        return value
+        try:
+            return kind(value)
+        except (TypeError, ValueError) as e:
+            raise ValueError(
+                f"{path}: GGUF metadata {arch}.{key}={value!r} is not of type {kind.__name__}; the "
+                "file is corrupt or was not written by llama.cpp's converter"
+            ) from e
 
     scaling = _gguf_value(reader, f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", None):
@@ -384,23 +532,25 @@ def _gguf_config(reader, arch: str, path: str, overrides: Mapping[str, Any]) -> 
     embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embd is None:
         raise ValueError(f"{path}: GGUF has no token_embd.weight tensor")
-    num_heads = int(get("attention.head_count"))
-    hidden = int(get("embedding_length"))
+    num_heads = get("attention.head_count")
+    hidden = get("embedding_length")
+    if num_heads < 1:
+        raise ValueError(f"{path}: GGUF metadata {arch}.attention.head_count={num_heads}")
     fields = dict(
         name=str(_gguf_value(reader, "general.name", arch)),
-        vocab_size=int(_gguf_value(reader, f"{arch}.vocab_size", int(embd.shape[1]))),
+        vocab_size=get("vocab_size", int(embd.shape[1])),
         hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")),
-        num_layers=int(get("block_count")),
+        intermediate_size=get("feed_forward_length"),
+        num_layers=get("block_count"),
         num_heads=num_heads,
-        num_kv_heads=int(get("attention.head_count_kv", num_heads)),
-        head_dim=int(get("attention.key_length", hidden // num_heads)),
-        rope_theta=float(get("rope.freq_base", 10_000.0)),
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        num_kv_heads=get("attention.head_count_kv", num_heads),
+        head_dim=get("attention.key_length", hidden // num_heads),
+        rope_theta=get("rope.freq_base", 10_000.0, float),
+        rms_norm_eps=get("attention.layer_norm_rms_epsilon", kind=float),
         qkv_bias="blk.0.attn_q.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
         tie_embeddings="output.weight" not in names,
-        max_position_embeddings=int(get("context_length", 4096)),
+        max_position_embeddings=get("context_length", 4096),
     )
     fields.update(overrides)
     return DecoderConfig(**fields)
@@ -448,14 +598,25 @@ def load_gguf(
     def tensors():
         for hf, ours, to_ours, _ in table:
             t = by_hf[hf]
-            w = dequantize(t.data, t.tensor_type)
             expected = tuple(int(n) for n in reversed(t.shape))  # ggml lists dims fastest-first
-            w = w.reshape(expected)
+            try:
+                w = dequantize(t.data, t.tensor_type).reshape(expected)
+            except NotImplementedError as e:
+                raise ValueError(
+                    f"{path}: tensor {t.name!r} has GGML type {t.tensor_type.name}, which "
+                    "gguf cannot dequantise; re-quantise the model to another type"
+                ) from e
+            except ValueError as e:
+                raise ValueError(
+                    f"{path}: tensor {t.name!r} ({t.tensor_type.name}, shape {expected}) is "
+                    f"unreadable ({e}): the file is truncated or corrupt. Fix: re-download "
+                    "or re-convert it"
+                ) from e
             if arch == "llama" and hf.endswith(("q_proj.weight", "q_proj.bias")):
                 w = _unpermute_rows(w, cfg.num_heads)
             elif arch == "llama" and hf.endswith(("k_proj.weight", "k_proj.bias")):
                 w = _unpermute_rows(w, cfg.num_kv_heads)
-            yield ours, to_ours(w)
+            yield ours, to_ours(w), t.name
 
     return _build(cfg, tensors(), mesh, rules, source=path)
 

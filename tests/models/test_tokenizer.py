@@ -129,3 +129,112 @@ def test_tokenizer_errors(tmp_path, original):
     _write_gguf(tmp_path / "spm.gguf", original, model="llama")
     with pytest.raises(ValueError, match="tokenizer.ggml.model='llama'"):
         from_gguf(tmp_path / "spm.gguf")
+
+
+# ---------------------------------------------------------------------------------------
+# Bad files: one clear message naming the file and the fix (docs/robustness.md).
+# ---------------------------------------------------------------------------------------
+
+
+def _tokenizer_dir(path, original, config=None):
+    original.add_special_tokens(SPECIALS)
+    original.save(str(path / "tokenizer.json"))
+    if config is not None:
+        (path / "tokenizer_config.json").write_text(
+            config if isinstance(config, str) else json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("content", ['{"model": ', "", "[1, 2]", '{"version": "1.0"}'])
+def test_corrupt_tokenizer_json_names_the_file(tmp_path, original, content):
+    _tokenizer_dir(tmp_path, original)
+    (tmp_path / "tokenizer.json").write_text(content)
+    with pytest.raises(ValueError, match=r"tokenizer.json: not a readable tokenizer.json.*"
+                                         r"re-download"):
+        load_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ("{oops", r"tokenizer_config.json: not valid JSON \(line 1"),
+        ("[]", "tokenizer_config.json: must hold a JSON object, got list"),
+        ({"eos_token": "<|nope|>"}, r"eos_token='<\|nope\|>' is not in the vocabulary"),
+        ({"eos_token": "<|im_end|>", "pad_token": {"content": "<pad>"}},
+         r"pad_token='<pad>' is not in the vocabulary"),
+        ({"eos_token": 7}, "eos_token=7 must be a token string"),
+    ],
+)
+def test_bad_tokenizer_config(tmp_path, original, config, match):
+    _tokenizer_dir(tmp_path, original, config)
+    with pytest.raises(ValueError, match=match):
+        load_tokenizer(tmp_path)
+
+
+def test_chat_template_as_a_list_is_understood(tmp_path, original):
+    config = {"eos_token": "<|im_end|>",
+              "chat_template": [{"name": "tool_use", "template": "x"},
+                                {"name": "default", "template": TEMPLATE}]}
+    assert load_tokenizer(_tokenizer_dir(tmp_path, original, config)).default_system == SYSTEM
+
+
+def _write_gguf_fields(path, tok, **changes):
+    """A tokenizer GGUF like `_write_gguf`, with some metadata replaced (None: left out)."""
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    tokens = [None] * len(vocab)
+    for t, i in vocab.items():
+        tokens[i] = t
+    fields = {
+        "tokens": tokens,
+        "merges": [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]],
+        "types": [gguf.TokenType.CONTROL if t in SPECIALS else gguf.TokenType.NORMAL
+                  for t in tokens],
+        "eos": vocab["<|im_end|>"],
+    }
+    fields.update(changes)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    if fields["tokens"] is not None:
+        writer.add_token_list(fields["tokens"])
+    if fields["merges"] is not None:
+        writer.add_token_merges(fields["merges"])
+    writer.add_token_types(fields["types"])
+    writer.add_eos_token_id(fields["eos"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"tokens": None}, "the GGUF has no tokenizer.ggml.tokens"),
+        ({"merges": None}, "the GGUF has no tokenizer.ggml.merges"),
+        ({"merges": ["ab"]}, r"tokenizer.ggml.merges\[0\]='ab' is not 'left right'"),
+        ({"eos": 10_000}, r"eos_token_id=10000 is not a token id of the \d+-token vocabulary"),
+        ({"types": [1, 1]}, r"token_type has 2 entries for \d+ tokens"),
+        ({"merges": ["zzz yyy"]}, "the GGUF tokenizer is inconsistent"),
+    ],
+)
+def test_bad_gguf_tokenizer_metadata(tmp_path, original, changes, match):
+    path = _write_gguf_fields(tmp_path / "t.gguf", original, **changes)
+    with pytest.raises(ValueError, match=match) as e:
+        from_gguf(path)
+    assert str(path) in str(e.value)
+
+
+def test_gguf_without_a_tokenizer(tmp_path):
+    writer = gguf.GGUFWriter(str(tmp_path / "bare.gguf"), "llama")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="bare.gguf: the GGUF has no tokenizer"):
+        load_tokenizer(tmp_path / "bare.gguf")
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"empty.gguf: the GGUF file is empty"):
+        load_tokenizer(tmp_path / "empty.gguf")

@@ -17,6 +17,7 @@ from sera_jax.models.weights import (
     gguf_config,
     load_gguf,
     load_hf_checkpoint,
+    load_hf_config,
     param_shardings,
     save_hf_checkpoint,
 )
@@ -238,3 +239,224 @@ def test_gguf_errors(tmp_path):
     writer.close()
     with pytest.raises(ValueError, match="architecture='gpt2' is not supported"):
         load_gguf(tmp_path / "gpt2.gguf")
+
+
+# ---------------------------------------------------------------------------------------
+# Bad files: one clear message naming the file and the fix (docs/robustness.md).
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def good_hf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("good_hf")
+    cfg = tiny_hf_config("llama")
+    tensors = random_hf_tensors(cfg, seed=7)
+    write_hf_checkpoint(path, cfg, tensors)
+    return path, cfg, tensors
+
+
+def _copy(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        (b"{not json", r"config.json: not valid JSON \(line 1, column 2"),
+        (b"", r"config.json: not valid JSON"),
+        (b"[1, 2]", r"config.json: must hold a JSON object, got list"),
+        (b'{"model_type": "llama", "hidden_size": "\xe9"}', r"config.json: not UTF-8 text"),
+    ],
+)
+def test_malformed_config_json_names_the_file(tmp_path, good_hf, content, match):
+    path = _copy(good_hf[0], tmp_path / "ckpt")
+    (path / "config.json").write_bytes(content)
+    with pytest.raises(ValueError, match=match):
+        load_hf_checkpoint(path)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"num_attention_heads": None}, "num_attention_heads=None is not a whole number"),
+        ({"hidden_size": "48"}, "hidden_size='48' is not a whole number"),
+        ({"num_hidden_layers": 2.5}, "num_hidden_layers=2.5 is not a whole number"),
+        ({"vocab_size": True}, "vocab_size=True is not a whole number"),
+        ({"head_dim": [8]}, r"head_dim=\[8\] is not a whole number"),
+        ({"rope_theta": "1e4"}, "rope_theta='1e4' is not a number"),
+        ({"rope_scaling": "linear"}, "rope_scaling='linear' is not an object"),
+        ({"num_key_value_heads": 4}, r"config.json: .*num_kv_heads"),  # 6 heads % 4
+        ({"model_type": None}, r"config.json: config.json model_type=None"),
+    ],
+)
+def test_config_json_fields_of_the_wrong_kind(tmp_path, good_hf, change, match):
+    _, cfg, _ = good_hf
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(ValueError, match=match) as e:
+        load_hf_config(tmp_path)
+    assert str(tmp_path / "config.json") in str(e.value)
+
+
+def test_config_json_missing_fields_are_listed(tmp_path, good_hf):
+    _, cfg, _ = good_hf
+    partial = {k: v for k, v in cfg.items() if k not in ("hidden_size", "vocab_size")}
+    (tmp_path / "config.json").write_text(json.dumps(partial))
+    with pytest.raises(ValueError, match="vocab_size is missing; hidden_size is missing"):
+        load_hf_config(tmp_path)
+
+
+def test_unknown_overrides_are_named_not_blamed_on_the_file(good_hf):
+    with pytest.raises(TypeError, match=r"unknown DecoderConfig field\(s\) \['param_dtyp'\]"):
+        load_hf_config(good_hf[0], param_dtyp=jnp.bfloat16)
+
+
+def _truncate(file, keep):
+    with open(file, "r+b") as f:
+        f.truncate(keep)
+
+
+@pytest.mark.parametrize("damage", ["half", "header", "empty", "garbage", "flipped header"])
+def test_truncated_or_garbage_safetensors_name_the_file(tmp_path, good_hf, damage):
+    path = _copy(good_hf[0], tmp_path / "ckpt")
+    st = path / "model.safetensors"
+    size = os.path.getsize(st)
+    if damage == "half":
+        _truncate(st, size // 2)
+    elif damage == "header":
+        _truncate(st, 5)
+    elif damage == "empty":
+        _truncate(st, 0)
+    elif damage == "garbage":
+        st.write_bytes(np.random.default_rng(0).bytes(size))
+    else:  # a corrupt header length
+        data = bytearray(st.read_bytes())
+        data[3] ^= 0x40
+        st.write_bytes(bytes(data))
+    with pytest.raises(ValueError) as e:
+        load_hf_checkpoint(path)
+    msg = str(e.value)
+    assert str(st) in msg and "re-download" in msg, msg
+
+
+@pytest.mark.parametrize(
+    ("index", "match"),
+    [
+        ("{oops", r"index.json: not valid JSON"),
+        ("[]", r"index.json: must hold a JSON object"),
+        ("{}", r"index.json: has no 'weight_map'"),
+        ('{"weight_map": [1, 2]}', r"'weight_map' must be an object"),
+        ('{"weight_map": {"model.norm.weight": 3}}', r"'weight_map' must be an object"),
+    ],
+)
+def test_malformed_safetensors_index(tmp_path, good_hf, index, match):
+    path = _copy(good_hf[0], tmp_path / "ckpt")
+    (path / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(ValueError, match=match):
+        load_hf_checkpoint(path)
+
+
+def test_index_naming_absent_files_or_tensors(tmp_path, good_hf):
+    path = _copy(good_hf[0], tmp_path / "ckpt")
+    names = list(good_hf[2])
+    index = {"weight_map": {n: "model-00002-of-00002.safetensors" for n in names}}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(FileNotFoundError, match=r"model-00002-of-00002.safetensors.*every shard"):
+        load_hf_checkpoint(path)
+    save_file({"other": np.zeros(2, np.float32)}, str(path / "other.safetensors"))
+    index = {"weight_map": {n: "other.safetensors" for n in names}}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"other.safetensors: cannot read tensor"):
+        load_hf_checkpoint(path)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("name", ["model.layers.1.mlp.up_proj.weight", "model.norm.weight"])
+def test_nan_or_inf_weights_are_an_error_naming_the_tensor(tmp_path, good_hf, bad, name):
+    _, cfg, tensors = good_hf
+    broken = dict(tensors)
+    broken[name] = tensors[name].copy()
+    broken[name].reshape(-1)[3] = bad
+    write_hf_checkpoint(tmp_path, cfg, broken)
+    with pytest.raises(ValueError, match=rf"tensor {name} has 1 NaN/Inf value\(s\).*corrupt"):
+        load_hf_checkpoint(tmp_path)
+
+
+def test_weights_that_overflow_param_dtype_are_an_error(tmp_path, good_hf):
+    _, cfg, tensors = good_hf
+    big = dict(tensors)
+    big["model.norm.weight"] = tensors["model.norm.weight"] * 0 + 1e6  # > float16 max
+    write_hf_checkpoint(tmp_path, cfg, big)
+    with pytest.raises(ValueError, match="overflow param_dtype=float16"):
+        load_hf_checkpoint(tmp_path, param_dtype=jnp.float16)
+    assert load_hf_checkpoint(tmp_path, param_dtype=jnp.bfloat16) is not None
+
+
+def test_checkpoint_path_that_is_a_file(tmp_path, good_hf):
+    with pytest.raises(FileNotFoundError, match="is a file; give the checkpoint directory"):
+        load_hf_checkpoint(good_hf[0] / "config.json")
+
+
+@pytest.fixture(scope="module")
+def good_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("good_gguf") / "m.gguf"
+    cfg = tiny_hf_config("llama", tied=False, hidden_size=64, intermediate_size=96)
+    tensors = random_hf_tensors(cfg, seed=4)
+    _write_gguf(path, cfg, tensors)
+    return path, cfg, tensors
+
+
+@pytest.mark.parametrize("keep", [0.99, 0.9, 0.5, 0.1, 0.01, 20, 0])
+def test_truncated_or_empty_gguf_names_the_file(tmp_path, good_gguf, keep):
+    import shutil
+
+    path = tmp_path / "t.gguf"
+    shutil.copy(good_gguf[0], path)
+    _truncate(path, int(os.path.getsize(path) * keep) if isinstance(keep, float) else keep)
+    with pytest.raises(ValueError) as e:
+        load_gguf(path)
+    msg = str(e.value)
+    assert str(path) in msg and "re-download" in msg, msg
+    with pytest.raises(ValueError, match="re-download"):  # the tokenizer path opens it too
+        from sera_jax.models.tokenizer import from_gguf
+
+        from_gguf(path)
+
+
+def test_garbage_gguf_names_the_file(tmp_path):
+    path = tmp_path / "r.gguf"
+    path.write_bytes(np.random.default_rng(0).bytes(4096))
+    with pytest.raises(ValueError, match=r"r.gguf: not a readable GGUF file.*not GGUF"):
+        load_gguf(path)
+
+
+def test_gguf_nan_weights_are_an_error_naming_the_tensor(tmp_path, good_gguf):
+    _, cfg, tensors = good_gguf
+    broken = dict(tensors)
+    broken["model.layers.0.mlp.down_proj.weight"] = tensors[
+        "model.layers.0.mlp.down_proj.weight"].copy()
+    broken["model.layers.0.mlp.down_proj.weight"][1, 2] = np.nan
+    _write_gguf(tmp_path / "nan.gguf", cfg, broken)
+    with pytest.raises(ValueError, match=r"tensor blk.0.ffn_down.weight has 1 NaN/Inf"):
+        load_gguf(tmp_path / "nan.gguf")
+
+
+def test_gguf_metadata_of_the_wrong_kind(tmp_path, good_gguf):
+    import gguf
+
+    _, cfg, tensors = good_gguf
+    writer = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "llama")
+    writer.add_string("llama.block_count", "two")
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(cfg["num_attention_heads"])
+    writer.add_tensor("token_embd.weight", tensors["model.embed_tokens.weight"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match=r"bad.gguf: GGUF metadata llama.block_count='two' is "
+                                         r"not of type int"):
+        load_gguf(tmp_path / "bad.gguf")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax.sharding import NamedSharding, PartitionSpec
 
 from sera_jax import sharding as shd
@@ -136,3 +139,143 @@ def test_sigkill_during_save_leaves_last_committed_step(tmp_path):
         restored, meta = ck.restore(target)
     assert meta == {"step": step} and int(restored["step"]) == step
     assert float(restored["w"].min()) == float(restored["w"].max()) == step
+
+
+# ---------------------------------------------------------------- integrity (checksums)
+
+
+def _random_tree(seed=0):
+    # Random floats do not compress: zstd stores them raw, so a flipped bit in the file is a
+    # flipped bit in the restored array unless the checksum catches it.
+    rng = np.random.default_rng(seed)
+    return {"w": jnp.asarray(rng.normal(size=(128, 96)).astype(np.float32)),
+            "b": jnp.asarray(rng.normal(size=(96,)), jnp.bfloat16),
+            "step": jnp.int32(7), "mask": jnp.asarray(rng.random(33) > 0.5)}
+
+
+def _data_files(step_dir):
+    return sorted((p for p in glob.glob(os.path.join(step_dir, "state", "**"), recursive=True)
+                   if os.path.isfile(p) and f"{os.sep}d{os.sep}" in p), key=os.path.getsize)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("where", [0.1, 0.5, 0.9])
+def test_a_flipped_byte_in_array_data_is_refused(tmp_path, where):
+    """Before checksums this restored silently with one wrong weight."""
+    with Checkpointer(tmp_path) as ck:
+        ck.save(1, _random_tree())
+        ck.save(2, _random_tree())
+    path = _data_files(tmp_path / "2")[-1]  # the largest: the raw float data
+    offset = int(os.path.getsize(path) * where)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x01]))
+    with Checkpointer(tmp_path) as ck:
+        with pytest.raises(CheckpointError) as e:
+            ck.restore(_random_tree(), step=2)
+        msg = str(e.value)
+        assert str(tmp_path / "2") in msg and "Fix:" in msg and "move" in msg
+        assert "checksum" in msg or "corrupt" in msg
+        restored, _ = ck.restore(_random_tree(), step=1)  # the previous step is intact
+    _leaves_equal(restored, _random_tree())
+
+
+def test_a_flipped_value_in_meta_is_refused(tmp_path):
+    with Checkpointer(tmp_path) as ck:
+        ck.save(1, _tree(), {"cursor": 1234})
+    meta_file = tmp_path / "1" / "meta" / "metadata"
+    meta_file.write_text(meta_file.read_text().replace("1234", "1235"))
+    with Checkpointer(tmp_path) as ck:
+        with pytest.raises(CheckpointError, match=r"'meta' does not match the checksum.*Fix:"):
+            ck.restore_meta()
+        with pytest.raises(CheckpointError, match="'meta' does not match the checksum"):
+            ck.restore(_tree())
+
+
+def test_checkpoints_without_checksums_restore_with_a_warning(tmp_path, caplog):
+    with Checkpointer(tmp_path) as ck:
+        ck.save(1, _tree(), {"note": "old"})
+    meta_file = tmp_path / "1" / "meta" / "metadata"
+    meta = json.loads(meta_file.read_text())
+    del meta["_checksums"], meta["_meta_sha256"]  # as written before checksums existed
+    meta_file.write_text(json.dumps(meta))
+    with Checkpointer(tmp_path) as ck, caplog.at_level("WARNING"):
+        restored, got = ck.restore(_tree())
+    assert got == {"note": "old"} and "unverified" in caplog.text
+    _leaves_equal(restored, _tree())
+
+
+def test_checksums_ignore_sharding_and_agree_host_and_device():
+    from sera_jax import checkpoint as ckpt
+
+    rng = np.random.default_rng(1)
+    zoo = {"f32": rng.normal(size=(16, 8)).astype(np.float32),
+           "bf16": jnp.asarray(rng.normal(size=(8, 3)), jnp.bfloat16),
+           "f16": rng.normal(size=(4,)).astype(np.float16),
+           "i8": rng.integers(-100, 100, 9).astype(np.int8), "bool": rng.random((2, 5)) > 0.5,
+           "u32": np.arange(10, dtype=np.uint32), "scalar": np.float32(3.5),
+           "c64": (rng.normal(size=4) + 1j).astype(np.complex64),
+           "f8": jnp.asarray(rng.normal(size=5), jnp.float8_e4m3fn)}
+    for name, x in zoo.items():  # the NumPy path and the jit path compute the same sum
+        device = tuple(int(v) for v in np.asarray(ckpt._checksum_leaves([jnp.asarray(x)])[0]))
+        assert ckpt._host_checksum(np.asarray(x)) == device, name
+    mesh = shd.make_mesh((2, 4, 1))
+    w = jnp.asarray(zoo["f32"])
+    placed = [jax.device_put(w, NamedSharding(mesh, spec))
+              for spec in (PartitionSpec("data", "fsdp"), PartitionSpec(None, ("data", "fsdp")),
+                           PartitionSpec())]
+    sums = {str(ckpt.tree_checksums({"w": x})) for x in [w, zoo["f32"], *placed]}
+    assert len(sums) == 1
+    assert ckpt.tree_checksums({"e": np.zeros((0, 3)), "i4": jnp.asarray([1, 2], jnp.int4)}) == {
+        "['e']": None, "['i4']": None}  # nothing to hash / no hash for sub-byte types
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.sampled_from([(), (7,), (3, 5), (2, 3, 4)]),
+       dtype=st.sampled_from([np.float32, np.int32, np.float16, np.int8, np.uint8]),
+       seed=st.integers(0, 2**16), which=st.integers(0, 10**6), bit=st.integers(0, 31))
+def test_every_single_bit_flip_changes_the_checksum(shape, dtype, seed, which, bit):
+    from sera_jax.checkpoint import tree_checksums
+
+    x = np.random.default_rng(seed).integers(0, 255, size=shape).astype(dtype)
+    flipped = x.copy().reshape(-1)
+    raw = flipped.view(np.uint8)
+    raw[which % raw.size] ^= np.uint8(1 << (bit % 8))
+    assert tree_checksums({"x": x}) != tree_checksums({"x": flipped.reshape(shape)})
+
+
+def test_disk_full_during_save_is_one_clear_error(tmp_path, monkeypatch):
+    import errno
+
+    with Checkpointer(tmp_path) as ck:
+        ck.save(1, _tree())
+
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "2"))
+
+        monkeypatch.setattr(ck._manager, "save", full)
+        with pytest.raises(CheckpointError) as e:
+            ck.save(2, _tree())
+        msg = str(e.value)
+        assert "disk is full" in msg and str(tmp_path / "2") in msg and "[1]" in msg
+        assert "intact" in msg and "Fix:" in msg
+        # TensorStore reports it as text only.
+        monkeypatch.setattr(ck._manager, "save", lambda *a, **k: (_ for _ in ()).throw(
+            ValueError("WRITE failed: ... No space left on device [source locations...]")))
+        with pytest.raises(CheckpointError, match="disk is full"):
+            ck.save(2, _tree())
+    with Checkpointer(tmp_path) as ck:
+        assert ck.all_steps() == [1]
+        _leaves_equal(ck.restore(_tree())[0], _tree())
+
+
+def test_bad_meta_is_refused_before_writing(tmp_path):
+    with Checkpointer(tmp_path) as ck:
+        with pytest.raises(ValueError, match="JSON-serialisable"):
+            ck.save(1, _tree(), {"bad": object()})
+        for key in ("_tree_signature", "_checksums", "_meta_sha256"):
+            with pytest.raises(ValueError, match="reserved"):
+                ck.save(1, _tree(), {key: 1})
+        assert ck.all_steps() == []

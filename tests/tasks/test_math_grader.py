@@ -139,3 +139,214 @@ def test_grader_is_total(response, gold, truncated):
         assert reward == 0.0
     key = grader.answer_key(response, truncated=truncated)
     assert key is None or isinstance(key, str)
+
+
+# ------------------------------------------------- wrong-verdict classes (docs/robustness.md)
+# Each class is a rule of the grader's docstring; the examples are its known members.
+
+_MINUS = ["\u2212", "\u2796", "\ufe63", "\uff0d", "\u02d7"]
+
+
+@pytest.mark.parametrize("minus", _MINUS)
+@pytest.mark.parametrize("template", ["the answer is {m}3", "So it drops to {m}3 degrees.",
+                                      "\\boxed{{{m}3}}", "we get $x = {m}3$", "({m}3)"])
+def test_unicode_minus_is_a_minus_both_ways(minus, template):  # rule N1
+    response = template.format(m=minus)
+    assert grader.grade(response, "-3") == 1.0
+    assert grader.grade(response, "3") == 0.0
+    assert grader.grade(template.format(m=""), minus + "3") == 0.0  # gold side
+    assert grader.grade(template.format(m="-"), minus + "3") == 1.0
+
+
+def test_unary_en_dash_is_a_minus_but_a_range_dash_is_not():  # rule N1
+    assert grader.extract_answer("it falls to \u20133 degrees") == "-3"
+    assert grader.extract_answer("pages 3\u20135") == "5"
+
+
+@pytest.mark.parametrize(
+    ("response", "gold", "reward"),
+    [
+        ("it is .5", "0.5", 1.0), ("it is .5", "5", 0.0),
+        ("so -.25 of it", "-0.25", 1.0), ("so \u2212.25", "-1/4", 1.0),
+        ("\\boxed{.75}", "3/4", 1.0), ("\\boxed{.75}", "75", 0.0),
+        ("$.5$", "1/2", 1.0), ("x=.5", "5", 0.0),
+    ],
+)
+def test_leading_dot_decimals(response, gold, reward):  # rule N4
+    assert grader.grade(response, gold) == reward
+
+
+@pytest.mark.parametrize(
+    ("response", "right", "wrong"),
+    [
+        ("the answer is $\\frac{1}{2}$", "1/2", "2"),
+        ("the answer is $\\dfrac{3}{4}$.", "0.75", "4"),
+        ("so we get $2^{10}$", "1024", "10"),
+        ("it is $$\\frac{7}{8}$$", "7/8", "8"),
+        ("it is \\(\\sqrt{16}\\)", "4", "16"),
+        ("it is \\[ 10^{3} \\]", "1000", "3"),
+        ("we find $x_{2} = 7$", "7", "2"),
+        ("giving $-\\frac{1}{3}$", "-1/3", "3"),
+        ("so $\\frac{1}{2}$ of 10 is 5", "5", "2"),  # a later prose number is rightmost
+        # Bare LaTeX (no delimiters) is read as a whole too.
+        ("so the total is 2^{10}", "1024", "10"),
+        ("so the total is 2^10.", "1024", "10"),
+        ("it equals \\frac{3}{4}", "3/4", "4"),
+        ("which is 5 \\times 3", "15", "3"),
+        ("the area is 12 cm^2.", "12", "2"),  # a unit's exponent is not an answer
+    ],
+)
+def test_numbers_inside_latex_are_not_read_alone(response, right, wrong):  # rule A3a/b
+    assert grader.grade(response, right) == 1.0
+    assert grader.grade(response, wrong) == 0.0
+
+
+def test_rightmost_item_decides_even_when_unparsable():  # rule A3
+    # The last item is LaTeX the grader cannot read: no answer, not the earlier 5.
+    assert grader.grade("First 5 apples, then $\\frac{}{}$", "5") == 0.0
+    assert grader.grade("He has 3 bags, so the total is 2^{10}", "3") == 0.0
+
+
+def test_currency_dollars_are_not_math():  # rule A3a
+    assert grader.extract_answer("He paid $12 and she paid $15") == "15"
+    assert grader.extract_answer("costs $5, total $20.") == "20"
+    assert grader.grade("It costs $12.50.", "12.5") == 1.0
+
+
+@pytest.mark.parametrize(
+    ("response", "gold"),
+    [
+        ("the answer is \\boxed{12", "12"),
+        ("the answer is \\boxed{\\frac{1}{2}", "1/2"),
+        ("the answer is \\boxed{\\frac{1}{2}", "2"),
+        ("so $x$ = \\boxed{ 7 + ", "7"),
+        ("\\fbox{42", "42"),
+        ("\\boxed{3} is wrong; recomputing: \\boxed{-3", "-3"),  # earlier complete box wins
+    ],
+)
+def test_nothing_inside_an_unclosed_box_is_read(response, gold):  # rule A2
+    assert grader.grade(response, gold) == 0.0
+
+
+def test_prose_before_an_unclosed_box_still_counts():  # rule A2
+    assert grader.extract_answer("I think it is 5. \\boxed{12") == "5"
+    assert grader.extract_answer("\\boxed{3} is wrong; recomputing: \\boxed{-3") == "3"
+
+
+@pytest.mark.parametrize(
+    ("response", "answer"),
+    [
+        ("I will put the final answer in \\boxed{}. The total is 12.", "12"),
+        ("The total is 12. I put it within \\boxed{}.", "12"),
+        ("\\boxed{5}, not \\boxed{}", "5"),  # an empty last box: the earlier one counts
+        ("\\boxed{.} so 7", "7"),  # empty after rule A4
+        ("\\boxed{} " * 3 + "\\boxed{\\frac{1}{2}", None),  # nothing outside the boxes
+    ],
+)
+def test_empty_boxes_are_skipped_not_read(response, answer):  # rules A1, A2
+    assert grader.extract_answer(response) == answer
+
+
+@pytest.mark.parametrize(
+    ("response", "gold"),
+    [
+        ("\\boxed{5.}", "5"), ("\\boxed{5,}", "5"), ("\\boxed{5;}", "5"), ("\\boxed{5 .}", "5"),
+        ("\\boxed{3\\,}", "3"), ("\\boxed{3.\\quad}", "3"), ("\\boxed{x = 5.}", "5"),
+        ("\\boxed{\\frac{1}{2}.}", "1/2"), ("\\boxed{-2.}", "-2"), ("$3.$", "3"),
+        ("\\boxed{5}", "5."),  # the gold side too
+    ],
+)
+def test_trailing_punctuation_in_a_box(response, gold):  # rule A4
+    assert grader.grade(response, gold) == 1.0
+
+
+def test_trailing_punctuation_keeps_meaning():  # rule A4
+    assert grader.grade("\\boxed{5!}", "120") == 1.0  # factorial, not punctuation
+    assert grader.grade("\\boxed{5.5}", "5") == 0.0
+    assert grader.grade("\\boxed{...}", "3") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("response", "gold"),
+    [
+        ("It is 1\u202f000\u202f000 people", "1000000"),  # narrow no-break space groups
+        ("It is 1\u2009234", "1234"),  # thin space
+        ("\uff14\uff12", "42"),  # full-width digits
+        ("about 1.5e3 metres", "1500"),  # exponent written out (SymPy would read 1.5*e*3)
+        ("total:12", "12"), ("(12)", "12"), ("**12**", "12"),
+    ],
+)
+def test_other_number_forms(response, gold):  # rules N2, N3, A3c
+    assert grader.grade(response, gold) == 1.0
+
+
+def test_glued_numbers_are_not_answers():  # rule A3c
+    assert grader.extract_answer("the H2O count") is None
+    assert grader.extract_answer("use x_1 here") is None
+
+
+# Property tests: the classes over many values, not just the examples above.
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(-10**6, 10**6), minus=st.sampled_from(["-"] + _MINUS),
+       prefix=st.sampled_from(["", "So the answer is ", "Total: ", "we get "]))
+def test_signed_integers_in_prose_grade_exactly(n, minus, prefix):
+    text = prefix + (minus if n < 0 else "") + f"{abs(n):,}" + "."
+    assert grader.grade(text, str(n)) == 1.0
+    if n != 0:
+        assert grader.grade(text, str(-n)) == 0.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(a=st.integers(1, 99), b=st.integers(2, 99),
+       wrap=st.sampled_from(["${}$", "\\({}\\)", "$${}$$", "\\[{}\\]", "{}"]))
+def test_latex_fractions_grade_as_their_value(a, b, wrap):
+    from fractions import Fraction
+
+    response = "so the result is " + wrap.format(f"\\frac{{{a}}}{{{b}}}") + "."
+    assert grader.grade(response, f"{a}/{b}") == 1.0
+    if Fraction(a, b) != b:
+        assert grader.grade(response, str(b)) == 0.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 10**4), tail=st.sampled_from(["", " ", "\\frac{1}{", "5 + ", "x"]),
+       cmd=st.sampled_from(["\\boxed{", "\\boxed {", "\\fbox{"]))
+def test_unclosed_box_never_contributes(n, tail, cmd):
+    assert grader.grade(f"Let me see. {cmd}{n}{tail}", str(n)) == 0.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(-999, 999), punct=st.lists(
+    st.sampled_from([".", ",", ";", ":", " ", "\\,", "\\;", "\\quad", "~"]), min_size=1,
+    max_size=3).map("".join))
+def test_trailing_punctuation_property(n, punct):
+    assert grader.grade(f"\\boxed{{{n}{punct}}}", str(n)) == 1.0
+
+
+@settings(max_examples=80, deadline=None)
+@given(response=st.lists(st.sampled_from(
+    list("0123456789-.,/^_{}$\\() x") + _MINUS + ["\u2013", "\u202f", "\uff10", "\\frac",
+                                                 "\\boxed{", "\\(", "\\)", "\\[", "\\]"]),
+    max_size=60).map("".join))
+def test_extraction_is_total_on_unicode_and_latex_soup(response):
+    answer = grader.extract_answer(response)
+    assert answer is None or (isinstance(answer, str) and answer == answer.strip())
+    assert grader.grade(response, "1") in (0.0, 1.0)
+
+
+def test_adversarial_inputs_are_linear_time():
+    import random
+    import time
+
+    rng = random.Random(0)
+    soup = "".join(rng.choice("0123456789-+*/^.,{}()[]$%\\ abcxyz=\n") for _ in range(50_000))
+    texts = [soup, "\\[" * 25_000, "\\( " * 16_000, "$$ " * 16_000 + "x", "$a " * 16_000,
+             "$1 and " * 7_000, "5" + ".\\quad" * 8_000, "\\boxed{" + "." * 50_000 + "5}",
+             "1," * 25_000, "\u2212." * 25_000, "\\frac{1}{2} " * 4_000, "2^" * 25_000,
+             "\\boxed{} " * 5_000 + "7", "\\boxed{." * 5_000, "$1$ " * 12_000]
+    start = time.perf_counter()
+    for text in texts:
+        assert grader.grade(text, "1") in (0.0, 1.0)
+        grader.answer_key(text)
+    assert time.perf_counter() - start < 10.0

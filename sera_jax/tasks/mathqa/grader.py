@@ -1,16 +1,58 @@
 """Answer extraction and verified grading for math responses.
 
-The verifier is the `math-verify` library (parse to SymPy, then equivalence: numeric within
-tolerance, symbolic simplification, sets, intervals, ...), not string matching. This module
-only decides *which* substring of a response is the answer:
+The verifier is the `math-verify` library: every answer string below is handed to its
+LaTeX normalisation (units, `\\text{}`, `\\$`, `\\%`, malformed operators, ...) and SymPy
+parser, then to its equivalence check (numeric within tolerance, symbolic simplification,
+sets, intervals, equations `x = 5`), never to string matching. This module decides *which*
+substring of a response is the answer, by these rules (each pinned by a test in
+`tests/tasks/test_math_grader.py`; the table is in `docs/robustness.md`):
 
-1. the content of the last `\\boxed{...}` (or `\\fbox{...}`), with balanced braces;
-2. otherwise the last number in the text (`1,234.5`, `-3`, `3/4`), the usual fallback for
-   models that forget the box.
+Normalisation (`normalize_text`, applied to responses and gold answers alike):
 
-Everything here is total: any string (random bytes, unbalanced braces, 10^6 characters)
-yields a grade in {0, 1} without raising. A response that hit the length cap is wrong
-whatever it contains (the spec's "truncated = wrong" rule).
+* N1. Unicode minus signs (U+2212, U+2796, U+FE63, U+FF0D, U+02D7) become `-`; an en dash
+  or figure dash in unary position before a digit (`–3`) too.
+* N2. Full-width digits and `．／＋` become ASCII.
+* N3. A thin / narrow / no-break space between digit groups is dropped (`1 234` -> `1234`);
+  other exotic spaces become a plain space, zero-width characters are removed.
+* N4. A leading-dot decimal gets its zero: `.5` -> `0.5`, `-.5` -> `-0.5`.
+
+Answer selection (`extract_answer`):
+
+* A1. The content of the last *complete*, non-empty `\\boxed{...}` / `\\fbox{...}`
+  (balanced braces; `\\boxed 5`, legal LaTeX, gives the following token).
+* A2. Without one, the text before the first *unclosed* box is searched, empty boxes
+  (`\\boxed{}`, an echoed instruction) blanked: nothing written inside an unclosed
+  `\\boxed{...` (a cut-off or malformed answer) is ever read.
+* A3. In that text the answer is the *rightmost mathematical item*, one of:
+  (a) delimited math `$$...$$`, `\\[...\\]`, `\\(...\\)`, `$...$` (a `$...$` whose content
+  has prose words is two currency signs, not math), read as a whole: `$\\frac{1}{2}$` is 1/2,
+  `$2^{10}$` is 1024, never 2 or 10;
+  (b) bare LaTeX (a run of tokens with `\\cmd`, braces or a numeric power `2^10`, joined by
+  numbers and operators): `2^{10}`, `5 \\times 3`, `\\frac{3}{4}`;
+  (c) a prose number: optional unary `-`, digits with optional `,ddd` thousands groups,
+  optional decimals (or a leading-dot decimal), optional exponent `e3`, optional
+  `/denominator` (`1,250`, `-3`, `0.5`, `3/4`, `1.5e3`). A number glued to a word (`x2`) or
+  written as an exponent / subscript (`cm^2`, `x_1`) is not an answer.
+  If the rightmost item cannot be parsed the response has no answer: the grader never falls
+  back to an earlier number.
+* A4. Trailing sentence punctuation and LaTeX spacing are stripped from the answer
+  (`\\boxed{5.}` is 5, `\\boxed{3\\,}` is 3); `!` (factorial) is kept.
+
+Not handled (by design): decimal commas (`2,5` outside a box is the two numbers 2 and
+5), mixed numbers (`1 1/2` reads 1/2), numbers written as words.
+
+Why not math-verify's own extraction (`parse(response)`): measured on math-verify 0.9 it
+reads a number from inside an unclosed box (`\\boxed{\\frac{1}{2}` -> 1/2), takes an early
+number after the word "answer" over the final one ("To answer this, note that 3 apples cost
+6 dollars. In total she pays 40." -> 3), misses `total:12` and `(12)`, reads `1,2,3` as 1.2
+and a bare `2^{10}` as 2, and its regexes are super-linear on some inputs (`"\\\\[" * 5000`
+takes 1.6 s). Its normalisation and its parser are used for every answer.
+
+Everything here is total and time-bounded: any string (random bytes, unbalanced braces,
+10^6 characters) yields a grade in {0, 1} without raising; extraction is linear in the
+response length; SymPy sees at most `MAX_ANSWER_CHARS` characters under `timeout_s` (on the
+main thread: math-verify's timeout is `signal.alarm`). A response that hit the length cap is
+wrong whatever it contains (the spec's "truncated = wrong" rule).
 """
 
 from __future__ import annotations
@@ -19,6 +61,7 @@ import logging
 import re
 import threading
 from collections.abc import Sequence
+from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 
 import numpy as np
@@ -32,41 +75,105 @@ from math_verify.errors import TimeoutException
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 #: Longest answer string handed to SymPy: longer "answers" are garbage and only cost time.
+#: The data loaders refuse gold answers longer than this (they could never be matched).
 MAX_ANSWER_CHARS = 400
+
+# ------------------------------------------------------------------------ normalisation
+
+_TRANSLATE = str.maketrans(
+    {
+        **{c: "-" for c in "\u2212\u2796\ufe63\uff0d\u02d7"},  # N1: minus signs
+        **{chr(0xFF10 + d): str(d) for d in range(10)},  # N2: full-width digits
+        "\uff0e": ".", "\uff0f": "/", "\uff0b": "+",
+        **{c: " " for c in "\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2008\u3000"},  # N3
+        **{c: "" for c in "\u200b\u200c\u200d\u2060\ufeff"},
+    }
+)
+# N1: an en dash / figure dash used as a unary minus ("–3", "(–3)", "= –0.5").
+_UNARY_DASH = re.compile(r"(?<![\w)\]}.])[\u2012\u2013](?=\.?\d)")
+# N3: digit-group separators that are never word spaces.
+_GROUP_SPACE = re.compile(r"(?<=\d)[\u00a0\u2007\u2009\u202f](?=\d{3}(?!\d))")
+_OTHER_SPACE = re.compile(r"[\u00a0\u2007\u2009\u202f]")
+# N4: ".5" -> "0.5" (not after a word, a '.', a closing bracket or a backslash).
+_LEADING_DOT = re.compile(r"(?<![\w.)\]}\\])\.(?=\d)")
+
+
+def normalize_text(text: str) -> str:
+    """Rules N1-N4 of the module docstring (Unicode minus, full-width digits, digit-group
+    spaces, leading-dot decimals); the input of every other step, gold answers included."""
+    text = _UNARY_DASH.sub("-", text.translate(_TRANSLATE))
+    text = _OTHER_SPACE.sub(" ", _GROUP_SPACE.sub("", text))
+    return _LEADING_DOT.sub("0.", text)
+
+
+# Trailing sentence punctuation and LaTeX spacing (A4); "!" is a factorial, so it stays.
+_TRAILING_CHARS = " \t\r\n.,;:~"
+_TRAILING_MACROS = ("\\quad", "\\qquad", "\\!")
+
+
+def _clean(answer: str) -> str:
+    """Rule A4 (linear time: each round is one `rstrip`, and rounds are capped)."""
+    for _ in range(32):
+        stripped = answer.rstrip(_TRAILING_CHARS)
+        if len(stripped) < len(answer):
+            backslashes = len(stripped) - len(stripped.rstrip("\\"))
+            if backslashes % 2:  # "\\," "\\;" "\\:" "\\~": LaTeX spacing, not a backslash
+                stripped = stripped[:-1]
+        for macro in _TRAILING_MACROS:
+            if stripped.endswith(macro):
+                stripped = stripped[: -len(macro)]
+                break
+        if len(stripped) == len(answer):
+            break
+        answer = stripped
+    return answer.strip()
+
+
+# ------------------------------------------------------------------------------ boxes
 
 # `\\boxed` / `\\fbox` not followed by a letter (`\\boxedx` would be another macro).
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 _TOKEN = re.compile(r"\S*")
-# A number as written in prose: optional sign, digits with optional thousands commas,
-# optional decimals, optional "/denominator" (3/4).
-_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?")
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last complete `\\boxed{...}` / `\\fbox{...}` in `text`, or None.
+    """Content of the last complete, non-empty `\\boxed{...}` / `\\fbox{...}` in `text`, or
+    None (A1).
 
     Braces are balanced (`\\boxed{\\frac{1}{2}}` gives `\\frac{1}{2}`); an unclosed box (the
-    model ran out of tokens mid-answer) is skipped in favour of an earlier complete one.
-    `\\boxed 5` (no braces, legal LaTeX) gives the following token.
+    model ran out of tokens mid-answer) or an empty one (`\\boxed{}`, an echoed instruction)
+    is skipped in favour of an earlier complete one. `\\boxed 5` (no braces, legal LaTeX)
+    gives the following token.
     """
     if not isinstance(text, str):
         return None
+    for _, _, content in reversed(_boxes(text)):
+        if content is not None and content.strip():
+            return content.strip()
+    return None
+
+
+def _boxes(text: str) -> list[tuple[int, int, str | None]]:
+    """Every box command `(start, end, content)`, left to right; content None = unclosed
+    (its span then runs to the end of the text). Linear: one regex pass, one brace pass."""
+    boxes: list[tuple[int, int, str | None]] = []
     matches: dict[int, int] | None = None  # computed on first need
-    # All command positions in one regex pass, then right to left: linear in len(text).
-    for found in reversed(list(_BOX_RE.finditer(text))):
+    for found in _BOX_RE.finditer(text):
         i = found.end()
         while i < len(text) and text[i] == " ":
             i += 1
         if i < len(text) and text[i] == "{":
             matches = _brace_matches(text) if matches is None else matches
             if i in matches:
-                return text[i + 1 : matches[i]].strip()
+                boxes.append((found.start(), matches[i] + 1, text[i + 1 : matches[i]]))
+            else:
+                boxes.append((found.start(), len(text), None))
         elif i > found.end():  # "\\boxed 5": the next whitespace-delimited token
-            token = _TOKEN.match(text, i).group().rstrip(".$")
-            if token:
-                return token
-        # An unclosed box is no answer: keep looking left.
-    return None
+            token = _TOKEN.match(text, i).group()
+            boxes.append((found.start(), i + len(token), token.rstrip(".$")))
+        else:
+            boxes.append((found.start(), found.end(), ""))
+    return boxes
 
 
 def _brace_matches(text: str) -> dict[int, int]:
@@ -81,33 +188,218 @@ def _brace_matches(text: str) -> dict[int, int]:
     return matches
 
 
+# ------------------------------------------------------------- the fallback (A2, A3)
+
+_OPENERS = {"$$": "$$", "\\[": "\\]", "\\(": "\\)", "$": "$"}
+# `\\text{...}`-like groups hold prose legitimately; they are dropped before the word test.
+_TEXT_GROUP = re.compile(r"\\(?:text|textbf|textit|mathrm|mbox|operatorname)\s*\{[^{}]*\}")
+_PROSE_WORD = re.compile(r"(?:^|\s)[A-Za-z]{2,}(?=$|\s|[.,;:!?])")
+
+
+def _opener_re(kinds: Sequence[str]) -> re.Pattern:
+    alts = []
+    for kind in kinds:
+        if kind == "$$":
+            alts.append(r"(?<!\\)\$\$")
+        elif kind == "$":
+            alts.append(r"(?<![\\\d])\$")  # "5$" ends a price, it opens no math
+        else:
+            alts.append(re.escape(kind))
+    return re.compile("|".join(alts))
+
+
+def _math_spans(text: str) -> list[tuple[int, int, str]]:
+    """Delimited math `(start, end, content)`, left to right, in one linear pass (A3a).
+
+    An opener whose closer never comes is plain text, and so is every later opener of its
+    kind (so the scan stays linear: no quadratic rescans of unclosed `\\[`).
+    """
+    spans: list[tuple[int, int, str]] = []
+    live = ["$$", "\\[", "\\(", "$"]
+    opener = _opener_re(live)
+    i = 0
+    while live:
+        found = opener.search(text, i)
+        if found is None:
+            break
+        kind, start = found.group(), found.start()
+        body = found.end()
+        if kind == "$":  # inline: same line, unescaped closer
+            end = body
+            while True:
+                end = text.find("$", end)
+                if end == -1 or text[end - 1] != "\\":
+                    break
+                end += 1
+            if end == -1:
+                live.remove("$")
+                opener = _opener_re(live) if live else opener
+                continue
+            newline = text.find("\n", body, end)
+            content = text[body:end]
+            if newline != -1 or not content.strip() or _is_prose(content):
+                i = body  # not math; the closing '$' may open the next span
+                continue
+            spans.append((start, end + 1, content))
+            i = end + 1
+            continue
+        end = text.find(_OPENERS[kind], body)
+        if end == -1:
+            live.remove(kind)
+            opener = _opener_re(live) if live else opener
+            i = start
+            continue
+        if text[body:end].strip():
+            spans.append((start, end + len(_OPENERS[kind]), text[body:end]))
+        i = end + len(_OPENERS[kind])
+    return spans
+
+
+def _is_prose(content: str) -> bool:
+    """`$12 and then $` holds words: two currency signs, not math."""
+    return bool(_PROSE_WORD.search(_TEXT_GROUP.sub(" ", content)))
+
+
+_WORD = re.compile(r"\S+")
+# A token that is LaTeX: a command, a brace, or a power / subscript of a number or group.
+_LATEX_TOKEN = re.compile(r"\\[A-Za-z$%{}]|[{}]|[\d)\]}][\^_]")
+# A token that may sit inside a LaTeX run: numbers and operators only.
+_MATH_TOKEN = re.compile(r"[\d.,+\-*/=()\[\]<>|]+")
+
+# A prose number (A3c): not glued to a word / decimal point / exponent on its left.
+_NUMBER = re.compile(
+    r"(?<![\w.^])(?:(?<![\w)\]}])-)?"
+    r"(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)"
+    r"(?:[eE][-+]?\d+(?![\w.]))?"
+    r"(?:\s*/\s*(?:\d+(?:\.\d+)?))?"
+    r"(?![\d^])"
+)
+
+
+def _latex_runs(text: str, lo: int, hi: int) -> list[tuple[int, int, str]]:
+    """Bare LaTeX runs in `text[lo:hi]` (A3b): maximal runs of LaTeX / number / operator
+    tokens holding at least one LaTeX token."""
+    runs: list[tuple[int, int, str]] = []
+    current: list[re.Match] = []
+    has_latex = False
+
+    def close():
+        if current and has_latex:
+            runs.append((current[0].start(), current[-1].end(), ""))
+        current.clear()
+
+    for token in _WORD.finditer(text, lo, hi):
+        word = token.group()
+        if _LATEX_TOKEN.search(word):
+            current.append(token)
+            has_latex = True
+        elif _MATH_TOKEN.fullmatch(word):
+            current.append(token)
+        else:
+            close()
+            has_latex = False
+    close()
+    return [(s, e, text[s:e]) for s, e, _ in runs]
+
+
 def last_number(text: str) -> str | None:
-    """The last number written in `text` (commas kept, fractions `a/b` kept), or None."""
+    """The last prose number of `text` (rule A3c: commas kept, `a/b` kept, exponents
+    written out), or None. LaTeX is not looked at: see `extract_answer`."""
     if not isinstance(text, str):
         return None
-    matches = _NUMBER.findall(text)
-    return matches[-1].replace(" ", "") if matches else None
+    found = _last(_NUMBER.finditer(normalize_text(text)))
+    return None if found is None else _number_text(found.group())
+
+
+def _last(matches):
+    last = None
+    for last in matches:  # noqa: B007 -- the loop only finds the last match
+        pass
+    return last
+
+
+def _number_text(number: str) -> str:
+    number = number.replace(" ", "")
+    if "e" in number.lower() and "/" not in number:
+        try:  # math-verify would read 1.5e3 as 1.5 * E * 3
+            return format(Decimal(number.replace(",", "")), "f")
+        except InvalidOperation:
+            return number
+    return number
+
+
+def _fallback(text: str) -> str | None:
+    """The rightmost mathematical item of `text` (A3), or None."""
+    best: tuple[int, str] | None = None
+    gaps, pos = [], 0
+    for start, end, content in _math_spans(text):
+        best = (end, content)
+        gaps.append((pos, start))
+        pos = end
+    gaps.append((pos, len(text)))
+    for lo, hi in gaps:
+        runs = _latex_runs(text, lo, hi)
+        if runs and (best is None or runs[-1][1] > best[0]):
+            best = (runs[-1][1], runs[-1][2])
+        # Prose numbers after the last run of this gap (earlier ones end before it).
+        last = _last(_NUMBER.finditer(text, runs[-1][1] if runs else lo, hi))
+        if last is not None and (best is None or last.end() > best[0]):
+            best = (last.end(), _number_text(last.group()))
+    return None if best is None else best[1]
 
 
 def extract_answer(text: str) -> str | None:
-    """The answer string of a response: last boxed content, else the last number, else None."""
-    boxed = last_boxed(text)
-    if boxed:
-        return boxed
-    return last_number(text)
+    """The answer string of a response (rules A1-A4 of the module docstring), or None."""
+    if not isinstance(text, str):
+        return None
+    text = normalize_text(text)
+    boxes = _boxes(text)
+    for _, _, content in reversed(boxes):  # A1 (+ A4: "\\boxed{.}" is an empty box)
+        if content is not None:
+            answer = _clean(content)
+            if answer:
+                return answer
+    # A2: nothing from an unclosed box on; the (empty) complete boxes before it are blanked.
+    pieces, pos = [], 0
+    for start, end, content in boxes:
+        if pos is None or start < pos:  # cut off already, or nested in a blanked box
+            continue
+        pieces.append(text[pos:start])
+        if content is None:
+            pos = None
+        else:
+            pieces.append(" " * (end - start))
+            pos = end
+    if pos is not None:
+        pieces.append(text[pos:])
+    answer = _fallback("".join(pieces))
+    if answer is None:
+        return None
+    return _clean(answer) or None
 
 
 def gold_from_gsm8k(answer_field: str) -> str:
     """The gold answer of a GSM8K `answer` field: the text after the last '####', commas out.
 
-    Raises ValueError when the field has no '####' marker.
+    Raises ValueError when the field has no '####' marker or nothing after it.
     """
+    if not isinstance(answer_field, str):
+        raise ValueError(
+            f"answer field is {type(answer_field).__name__} {answer_field!r}, not a string "
+            "(GSM8K format: '<reasoning>\\n#### 42')"
+        )
     if "####" not in answer_field:
         raise ValueError(
             f"answer field {answer_field[-80:]!r} has no '#### <answer>' marker "
             "(GSM8K format: '<reasoning>\\n#### 42')"
         )
-    return answer_field.rsplit("####", 1)[1].strip().replace(",", "")
+    gold = answer_field.rsplit("####", 1)[1].strip().replace(",", "")
+    if not gold:
+        raise ValueError(
+            f"answer field {answer_field[-80:]!r} has nothing after its last '####' "
+            "(GSM8K format: '<reasoning>\\n#### 42')"
+        )
+    return gold
 
 
 def _in_main_thread() -> bool:
@@ -128,23 +420,29 @@ def _parse(answer: str, timeout_s: int) -> list:
         return []
 
 
+def normalize_gold(gold: str) -> str:
+    """A gold answer as the grader compares it (rules N1-N4 and A4 applied)."""
+    return _clean(normalize_text(str(gold)))
+
+
 @lru_cache(maxsize=4096)
 def _parse_gold(gold: str, timeout_s: int) -> tuple:
     # Gold answers repeat across the N rollouts of a prompt: parse each once.
-    return tuple(_parse(gold, timeout_s))
+    return tuple(_parse(normalize_gold(gold), timeout_s))
 
 
 def is_equivalent(gold: str, answer: str | None, *, timeout_s: int = 5) -> bool:
     """Whether the answer string is mathematically equivalent to the gold one (math-verify).
 
+    Both sides are normalised first (rules N1-N4, A4: `−3` is `-3`, `5.` is `5`).
     `timeout_s` bounds parsing and comparison each (whole seconds: math-verify uses
     `signal.alarm`; off the main thread no timeout can be set and none is used).
     """
-    if answer is None:
+    if not isinstance(answer, str):
         return False
     try:
         gold_parsed = list(_parse_gold(str(gold), int(timeout_s)))
-        pred = _parse(answer, int(timeout_s))
+        pred = _parse(_clean(normalize_text(answer)), int(timeout_s))
         if not gold_parsed or not pred:
             return False
         return bool(
@@ -157,8 +455,9 @@ def is_equivalent(gold: str, answer: str | None, *, timeout_s: int = 5) -> bool:
 def grade(response: str, gold: str, *, truncated: bool = False, timeout_s: int = 5) -> float:
     """Binary reward of a response: 1.0 iff not truncated and its answer is equivalent to gold.
 
-    The answer is `extract_answer(response)` (last `\\boxed{}`, else the final number).
-    Never raises, whatever `response` holds.
+    The answer is `extract_answer(response)` (the last complete `\\boxed{}`, else the
+    rightmost number or math expression outside any box). Never raises, whatever
+    `response` holds.
     """
     if truncated:
         return 0.0
