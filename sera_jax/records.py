@@ -29,16 +29,36 @@ def append_jsonl(path: str, record: dict[str, Any]) -> None:
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
-    """Records of a JSONL file ([] when missing; a torn last line from a kill is dropped)."""
+    """Records of a JSONL file ([] when missing).
+
+    A torn *last* line (a kill mid-append) is dropped; anything else unreadable -- a bad
+    line followed by more records, a line that is not a JSON object, bytes that are not
+    UTF-8 -- raises ValueError naming `path:line`, never silently losing what follows.
+    """
     if not os.path.exists(path):
         return []
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); it is not a "
+                         "record file of this project -- move it away and re-run") from None
     out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if i == last and not line.endswith("}"):
+                break  # torn by a kill: the step is redone on resume
+            raise ValueError(f"{path}:{i + 1}: not a JSON record; repair or remove the line "
+                             "(records after it would otherwise be lost)") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{i + 1}: a record must be a JSON object, got "
+                             f"{type(record).__name__}")
+        out.append(record)
     return out
 
 

@@ -134,3 +134,22 @@ def test_changed_fields_respects_resumable_prefixes():
     assert loop.changed_fields(a, b, ("rl.num_steps", "eval.every")) == \
         ["rl.optimizer.learning_rate"]
     assert loop.changed_fields({"x": (1, 2)}, {"x": [1, 2]}) == []  # stored as JSON
+
+
+def test_read_jsonl_drops_only_a_torn_last_line(tmp_path):
+    path = str(tmp_path / "r.jsonl")
+    with open(path, "w") as f:
+        f.write('{"step": 1}\n{"step": 2}\n{"ste')
+    assert read_jsonl(path) == [{"step": 1}, {"step": 2}]
+    with open(path, "w") as f:
+        f.write('{"step": 1}\n{"ste\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"r\.jsonl:2: not a JSON record"):
+        read_jsonl(path)
+    with open(path, "w") as f:
+        f.write('{"step": 1}\n[1, 2]\n')
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        read_jsonl(path)
+    with open(path, "wb") as f:
+        f.write(b'{"step": 1}\n\xff\xfe\n')
+    with pytest.raises(ValueError, match="not UTF-8"):
+        read_jsonl(path)
