@@ -12,6 +12,7 @@ its methods from `METHODS`, so "sera" means the same thing in every table:
 | `sera_paper_rounding` | sera (dynamic, the published rounding) | N0/N_q | MaxRL |
 | `inverse_p`, `knapsack`, `hit_utility` | the peer allocators | N0/N_q | MaxRL |
 | `grpo` | uniform | 1 | GRPO |
+| `sera_posterior`, `sera_sequential` | [ours] `sera_jax.allocation.beyond` | N0/N_q | MaxRL |
 
 `resolve(name, overrides)` applies a user's overrides on top of a preset: each one either
 takes effect or raises ValueError (an option the chosen allocator does not use, an unknown
@@ -101,6 +102,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     _m("knapsack", "knapsack", "knapsack"),
     _m("hit_utility", "hit-utility", "hit_utility"),
     _m("grpo", "GRPO", "uniform", estimator="grpo"),
+    # Beyond the paper (sera_jax.allocation.beyond; measured in docs/results_lab.md).
+    _m("sera_posterior", "SERA posterior-aware", "posterior"),
+    _m("sera_sequential", "SERA in-step sequential", "sequential", pilot=2),
 )}
 
 

@@ -43,11 +43,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.checkpoint_every = 100
 
     c.rl = rl_config.get_config()
-    c.rl.num_steps = 32
-    c.rl.prompts_per_step = 8
+    c.rl.num_steps = 16
+    c.rl.prompts_per_step = 32  # every training maze every step: p̂ is one step old
     c.rl.rollouts_per_prompt = 8
     c.rl.allocation.n_min = 2
-    c.rl.allocation.n_max = 32
+    c.rl.allocation.n_max = 64
     c.rl.optimizer.learning_rate = 5e-5  # 3e-4 collapsed the policy in 2 steps (see docs)
     c.rl.checkpoint_every = 8
     c.rl.log_every = 4
@@ -58,14 +58,22 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.method = None
     c.compare = ml_collections.ConfigDict()
     c.compare.methods = "uniform,sera"
-    c.compare.seeds = "0,1,2"
+    c.compare.seeds = "0,1,2,3,4"
+    c.compare.baseline = "uniform"  # paired differences are method − baseline, seed by seed
+    c.compare.null = True  # the null control: uniform with rewards shuffled within a batch
+    c.compare.null_seeds = ""  # "" = compare.seeds
+    c.compare.bootstrap = 2000  # resamples of the paired bootstrap over mazes and seeds
+    c.compare.level = 0.95
+    c.compare.bootstrap_seed = 0
 
     c.eval = ml_collections.ConfigDict()
-    c.eval.num_samples = 32  # final evaluation: pass@k for k = 1, 2, 4, ..., 32
-    c.eval.curve_samples = 32  # intermediate evaluations (pass@k vs training rollouts)
-    c.eval.every = 16  # RL steps between evaluations
+    c.eval.num_samples = 128  # final evaluation: pass@k for k = 1, 2, 4, ..., 128
+    c.eval.curve_samples = 128  # intermediate evaluations (pass@k vs training rollouts)
+    c.eval.every = 8  # RL steps between evaluations
     c.eval.num_prompts = 64  # held-out mazes evaluated (<= task.num_eval)
-    c.eval.batch_size = 1024  # sampler rows per call
+    c.eval.train_prompts = 32  # training mazes evaluated too: the true p behind realised κ
+    c.eval.batch_size = 2048  # sampler rows per call
     c.eval.temperature = 1.0
-    c.eval.seed = 1234
+    c.eval.seed = 1234  # keys of evaluation point s: eval_key(seed, s, split), every policy
+    c.eval.noise_seed = 4321  # the second key set of the noise floor (SFT, final point)
     return c

@@ -15,7 +15,7 @@ success probability is the softmax mass on the correct answers,
 and the exact likelihood gradient of a set of prompts is ∇_θ mean_x log p_θ(x) (autodiff of
 that closed form). Analytic pass@k = 1 − (1 − p)^k is `scaling.kappa(p, k, shift=0)`.
 
-Generative model of a task instance (all `jax.random`, so it vmaps over seeds):
+Generative model of a task instance (host NumPy from a seeded generator):
 
 * G skills with unit teacher directions t_g ∈ R^d; prompt x has skill g(x) (uniform);
 * φ(x, a) = [ε_{x,a}, e_{g(x)}] with ε ~ N(0, I_d) and e_g the one-hot skill code (a linear
@@ -91,52 +91,54 @@ def difficulty_array(spec: str | Sequence[Sequence[float]]) -> np.ndarray:
     return out
 
 
-def sample_difficulty(key: Array, law: Array, num: int) -> Array:
-    """float32[num] draws from the Beta mixture `law` (rows (weight, a, b))."""
-    k_comp, k_beta = jax.random.split(key)
-    comp = jax.random.categorical(k_comp, jnp.log(jnp.maximum(law[:, 0], 1e-30)), shape=(num,))
-    a, b = law[comp, 1], law[comp, 2]
-    return jax.random.beta(k_beta, a, b)
+def sample_difficulty(rng: np.random.Generator, law: np.ndarray, num: int) -> np.ndarray:
+    """float64[num] draws from the Beta mixture `law` (rows (weight, a, b))."""
+    law = np.asarray(law, np.float64)
+    comp = rng.choice(law.shape[0], size=num, p=law[:, 0] / law[:, 0].sum())
+    return rng.beta(law[comp, 1], law[comp, 2])
 
 
-def make_split(key: Array, teachers: Array, law: Array, cfg: Mapping[str, Any],
-               num: int) -> LabTask:
+def make_split(rng: np.random.Generator, teachers: np.ndarray, law: np.ndarray,
+               cfg: Mapping[str, Any], num: int) -> LabTask:
     """`num` prompts of a task instance with teacher directions `teachers` [G, d]."""
-    k_skill, k_eps, k_nc, k_base, k_p = jax.random.split(key, 5)
     num_skills, d = teachers.shape
     k = int(cfg["num_answers"])
-    skill = jax.random.randint(k_skill, (num,), 0, num_skills)
-    eps = jax.random.normal(k_eps, (num, k, d))
-    teacher = jnp.einsum("mkd,md->mk", eps, teachers[skill])
-    n_correct = jax.random.randint(k_nc, (num,), 1, int(cfg["max_correct"]) + 1)
-    rank = jnp.argsort(jnp.argsort(-teacher, axis=1), axis=1)  # 0 = best answer
+    skill = rng.integers(0, num_skills, num)
+    eps = rng.standard_normal((num, k, d))
+    teacher = np.einsum("mkd,md->mk", eps, teachers[skill])
+    n_correct = rng.integers(1, int(cfg["max_correct"]) + 1, num)
+    rank = np.argsort(np.argsort(-teacher, axis=1, kind="stable"), axis=1, kind="stable")
     correct = rank < n_correct[:, None]
     floor = float(cfg["p_floor"])
-    p0 = jnp.clip(sample_difficulty(k_p, law, num), floor, 1.0 - floor)
-    noise = float(cfg["base_logit_scale"]) * jax.random.normal(k_base, (num, k))
-    wrong_lse = jax.nn.logsumexp(jnp.where(correct, -jnp.inf, noise), axis=1)
-    beta = jnp.log(p0) - jnp.log1p(-p0) + wrong_lse - jnp.log(n_correct.astype(jnp.float32))
-    base = jnp.where(correct, beta[:, None], noise)
-    code = jax.nn.one_hot(skill, num_skills)
-    features = jnp.concatenate([eps, jnp.broadcast_to(code[:, None, :], (num, k, num_skills))],
-                               axis=-1)
-    return LabTask(features=features, base_logits=base, correct=correct,
-                   skill=skill.astype(jnp.int32), p0=p0)
+    p0 = np.clip(sample_difficulty(rng, law, num), floor, 1.0 - floor)
+    noise = float(cfg["base_logit_scale"]) * rng.standard_normal((num, k))
+    wrong = np.where(correct, -np.inf, noise)
+    top = wrong.max(axis=1)
+    wrong_lse = top + np.log(np.exp(wrong - top[:, None]).sum(axis=1))
+    beta = np.log(p0) - np.log1p(-p0) + wrong_lse - np.log(n_correct)
+    base = np.where(correct, beta[:, None], noise)
+    code = np.eye(num_skills)[skill]
+    features = np.concatenate([eps, np.broadcast_to(code[:, None, :], (num, k, num_skills))],
+                              axis=-1)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    return LabTask(features=f32(features), base_logits=f32(base), correct=jnp.asarray(correct),
+                   skill=jnp.asarray(skill, jnp.int32), p0=f32(p0))
 
 
-def make_task(key: Array, law: Array, cfg: Mapping[str, Any]) -> tuple[LabTask, LabTask]:
-    """(train, held-out) splits of one task instance: shared skills and teachers."""
-    k_t, k_train, k_test = jax.random.split(key, 3)
-    t = jax.random.normal(k_t, (int(cfg["num_skills"]), int(cfg["feature_dim"])))
-    teachers = t / jnp.linalg.norm(t, axis=1, keepdims=True)
-    return (make_split(k_train, teachers, law, cfg, int(cfg["num_train"])),
-            make_split(k_test, teachers, law, cfg, int(cfg["num_test"])))
+def make_task(rng: np.random.Generator, law: np.ndarray, cfg: Mapping[str, Any]
+              ) -> tuple[LabTask, LabTask]:
+    """(train, held-out) splits of one task instance: shared skills and teachers. Host
+    NumPy (generated once per seed and shared by every method, nothing to compile)."""
+    t = rng.standard_normal((int(cfg["num_skills"]), int(cfg["feature_dim"])))
+    teachers = t / np.linalg.norm(t, axis=1, keepdims=True)
+    return (make_split(rng, teachers, law, cfg, int(cfg["num_train"])),
+            make_split(rng, teachers, law, cfg, int(cfg["num_test"])))
 
 
 # ----------------------------------------------------------------------------- policy
 
 
-def init_params(key: Array, cfg: Mapping[str, Any]) -> dict[str, Any]:
+def init_params(rng: np.random.Generator, cfg: Mapping[str, Any]) -> dict[str, Any]:
     """Scorer parameters with f_θ ≡ 0 (so π starts at softmax(b)): the linear weights are 0;
     the MLP (`scorer == "mlp"`) has random first layer W1 ~ N(0, 1/D) and zero output."""
     dim = int(cfg["feature_dim"]) + int(cfg["num_skills"])
@@ -144,7 +146,7 @@ def init_params(key: Array, cfg: Mapping[str, Any]) -> dict[str, Any]:
     if cfg["scorer"] == "mlp":
         width = int(cfg["mlp_width"])
         params["mlp"] = {
-            "w1": jax.random.normal(key, (dim, width)) / np.sqrt(dim),
+            "w1": jnp.asarray(rng.standard_normal((dim, width)) / np.sqrt(dim), jnp.float32),
             "b1": jnp.zeros((width,), jnp.float32),
             "w2": jnp.zeros((width,), jnp.float32),
         }

@@ -54,6 +54,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.estimator = placeholder(str)  # None = the method's (MaxRL for all but grpo)
     c.aggregation = "token_mean"
     c.loss_norm_length = 0  # L of 'seq_mean_token_sum_norm'; 0 = max_new_tokens
+    # Optional `shuffle_rewards` (bool, absent = False): the null control. The step's B
+    # rewards are permuted (a pure function of the step's sampling key) before advantages
+    # and history, so the gradient carries no signal about which rollout succeeded; the
+    # batch reward mean is unchanged. Not a default field, so the fingerprints of runs that
+    # do not set it are unchanged (a study sets it on the run configs of its null arm).
 
     # History tracker (discounted Beta posterior).
     c.history = ml_collections.ConfigDict()
@@ -175,6 +180,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check(c.aggregation in AGGREGATIONS, "aggregation", c.aggregation, f"one of {AGGREGATIONS}")
     _check(_int(c.loss_norm_length) and c.loss_norm_length >= 0, "loss_norm_length",
            c.loss_norm_length, "an integer >= 0")
+    _check(isinstance(c.get("shuffle_rewards", False), bool), "shuffle_rewards",
+           c.get("shuffle_rewards"), "True or False")
     h = c.history
     _check(_number(h.alpha) and h.alpha > 0, "history.alpha", h.alpha, "a finite number > 0")
     _check(_number(h.beta) and h.beta > 0, "history.beta", h.beta, "a finite number > 0")

@@ -65,6 +65,9 @@ from sera_jax.tasks.base import RLTask
 
 #: Compiled train-step programs shared by Trainers of the same run shape (see Trainer).
 _PROGRAMS: dict[Any, tuple] = {}
+#: `fold_in(sample_key, SHUFFLE_FOLD)` keys the null control's reward permutation: distinct
+#: from every sampling row key `fold_in(sample_key, r)`, r < B < 2**31 - 1.
+SHUFFLE_FOLD = 2**31 - 1
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -114,6 +117,18 @@ def rollout_loss(
         aggregation=aggregation, num_prompts=num_prompts, n0=n0, max_len=max_len,
         num_tokens=num_tokens,
     )
+
+
+def shuffle_rewards(rewards: np.ndarray, sample_key: jax.Array) -> np.ndarray:
+    """The null control's rewards: `rewards[π]` for the permutation π of the step's B rows
+    drawn from `fold_in(sample_key, SHUFFLE_FOLD)` (a pure function of the step key).
+
+    Only positions within the batch move: the multiset of rewards (so the batch reward mean)
+    is unchanged, the link between a rollout and its reward is destroyed.
+    """
+    perm = np.asarray(jax.random.permutation(jax.random.fold_in(sample_key, SHUFFLE_FOLD),
+                                             rewards.shape[0]))
+    return np.asarray(rewards)[perm]
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -332,6 +347,8 @@ class Trainer:
         if rewards.shape != (self.budget,):
             raise ValueError(f"task.score returned shape {rewards.shape}; expected "
                              f"({self.budget},), one reward per completion")
+        if c.get("shuffle_rewards", False):
+            rewards = shuffle_rewards(rewards, sample_key)
         advantages = shd.to_host(self.estimator(rewards, segment_ids, self.batch_prompts))
         weights = shd.to_host(rollout_weights(prompt_weights, segment_ids))
         rollouts = Rollouts(
@@ -451,4 +468,5 @@ __all__ = [
     "make_optimizer",
     "next_prompt_ids",
     "rollout_loss",
+    "shuffle_rewards",
 ]

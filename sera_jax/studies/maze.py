@@ -1,21 +1,32 @@
 r"""The maze study: SFT from scratch, then RL of each method x seed at matched rollout
-budgets, then the comparison (SERA_SPEC §7).
+budgets, a null control, and a paired comparison with confidence intervals (SERA_SPEC §7).
 
 Stages (each resumes or skips finished work, so re-running a killed command continues it):
 
 * `sft`: supervised next-token training on BFS shortest paths (`sera_jax.sft` on the one
-  loop), then the SFT model's evaluation on the held-out mazes (cached under the SFT
-  fingerprint: a changed SFT or evaluation config recomputes it); it is also step 0 of
-  every RL curve.
+  loop), then the SFT policy scored at *every* evaluation point with that point's keys
+  (common random numbers: the SFT row of a comparison is never scored with other keys than
+  the RL rows), plus once with a second, independent key set (`eval.noise_seed`): the
+  noise floor. Each scoring is cached under its fingerprint (`sft/crn/`).
 * `rl`: for each method (a name of `sera_jax.methods.METHODS`) and seed, RL from the SFT
-  checkpoint on the one loop (`sera_jax.loop`); held-out pass@k every `eval.every` steps
-  and at the end. Every method generates exactly `P·N0` rollouts per step.
-* `eval`: aggregation over seeds -> `results/comparison.md|json`, `results/*.png`.
-* `all` = sft + rl + eval; `compare` = rl + eval.
+  checkpoint on the one loop (`sera_jax.loop`); and, when `compare.null`, the null control
+  `null` = uniform with the rewards of every batch permuted within the batch
+  (`rl.shuffle_rewards`, same lr and budget). Every method generates exactly `P·N0`
+  rollouts per step. At every evaluation point (every `eval.every` steps and the end) the
+  policy is scored on the held-out mazes and on the training mazes with the keys of that
+  point (`eval_key`); every step's allocation goes to `alloc.jsonl`.
+* `eval`: aggregation -> `results/comparison.{md,json}` and figures: pass@k per method and
+  seed, paired differences method − `compare.baseline` with bootstrap CIs
+  (`sera_jax.studies.compare`), each arm − SFT, the noise floor and the null-control
+  check, and the allocator's diagnostics: believed κ (from p̂), realised κ (from the
+  training-maze success rates the evaluation measured), mixed-group fraction, share of the
+  budget on never-solved mazes, generated rollouts and tokens.
+* `all` = sft + rl + eval; `compare` = rl + eval; `regime` = the regime map (a sweep of
+  prompts per step x N0 with n_max tied to N0, `config.regime`), sharing the SFT stage.
 
-Workdir layout: `sft/` (checkpoints, train.jsonl, eval.json, config.json),
-`rl/<method>/seed<s>/` (checkpoints, tensorboard, train.jsonl, eval.jsonl, config.json),
-`results/`, `timings.jsonl`.
+Workdir layout: `sft/` (checkpoints, train.jsonl, eval.json, crn/, config.json),
+`rl/<method>/seed<s>/` (checkpoints, tensorboard, train.jsonl, eval.jsonl, alloc.jsonl,
+config.json), `results/`, `regime/<cell>/` (the regime map's cells), `timings.jsonl`.
 
 A run's fingerprint is the task, model, SFT, resolved RL and evaluation config plus the SFT
 checkpoint it starts from; resuming under a change to any of them is refused, except the
@@ -24,7 +35,6 @@ fields in `RESUMABLE` (how long, how often).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -39,21 +49,34 @@ from flax import nnx
 from sera_jax import loop
 from sera_jax import sft as sft_lib
 from sera_jax import sharding as shd
-from sera_jax.metrics import pass_at_k_curve
+from sera_jax.metrics import analytic_pass_at_k, pass_at_k_curve
 from sera_jax.models.configs import get_config as get_model_config
 from sera_jax.models.decoder import Decoder
-from sera_jax.records import log_timing, read_json, read_jsonl, write_json
+from sera_jax.records import (
+    append_jsonl,
+    log_timing,
+    read_json,
+    read_jsonl,
+    write_json,
+    write_jsonl,
+)
 from sera_jax.rl import config as rl_config
 from sera_jax.rl import evaluate as eval_lib
 from sera_jax.rl import trainer as trainer_lib
 from sera_jax.sampling import SamplingConfig
 from sera_jax.studies import common
+from sera_jax.studies import compare as cmp
 from sera_jax.tasks import maze as maze_lib
 
-STAGES = ("sft", "rl", "eval", "all", "compare")
+STAGES = ("sft", "rl", "eval", "all", "compare", "regime")
+#: The null-control arm: uniform with rewards permuted within each batch.
+NULL = "null"
 #: Fingerprint fields a resumed run may change (how long and how often, never what).
 RESUMABLE = trainer_lib.RESUMABLE + sft_lib.RESUMABLE + ("eval.every", "eval.batch_size",
-                                                         "compare")
+                                                         "compare", "regime")
+#: Per-split fold of the evaluation key (held-out and training mazes get independent keys).
+SPLIT_FOLD = {"eval": 0, "train": 1}
+ALLOC_RECORDS = "alloc.jsonl"
 
 
 # ----------------------------------------------------------------------------- building
@@ -81,10 +104,25 @@ def make_mesh(cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:
 def run_config(cfg: ml_collections.ConfigDict, method: str, seed: int
                ) -> ml_collections.ConfigDict:
     """The resolved trainer config of one run: `cfg.rl` for `method` (user overrides on top of
-    the method preset take effect or raise), seed set."""
-    rl = rl_config.with_method(cfg.rl, method)
+    the method preset take effect or raise), seed set. `method == NULL` is uniform with
+    `shuffle_rewards = True` (the null control)."""
+    rl = rl_config.with_method(cfg.rl, "uniform" if method == NULL else method)
     rl.seed = int(seed)
+    if method == NULL:
+        rl.shuffle_rewards = True
     return rl
+
+
+def arms(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[int]
+         ) -> list[tuple[str, list[int]]]:
+    """(arm, seeds) of a comparison: every method with `seeds`, then the null control (when
+    `compare.null`) with `compare.null_seeds` (empty = `seeds`)."""
+    out = [(m, list(seeds)) for m in methods]
+    if cfg.compare.null:
+        null_seeds = (common.parse_list(cfg.compare.null_seeds, int, "compare.null_seeds")
+                      if str(cfg.compare.null_seeds).strip() else list(seeds))
+        out.append((NULL, null_seeds))
+    return out
 
 
 def sft_width(task: maze_lib.MazeTask) -> int:
@@ -108,6 +146,21 @@ def rl_fingerprint(cfg: ml_collections.ConfigDict, rl: ml_collections.ConfigDict
     evaluation that its curve records."""
     return {**sft_fingerprint(cfg), "start": {"sft_step": int(sft_step)}, "rl": rl.to_dict(),
             "eval": cfg.eval.to_dict()}
+
+
+def eval_steps(cfg: ml_collections.ConfigDict) -> list[int]:
+    """The evaluation points of every run: 0 (the start), every `eval.every` steps, the end."""
+    t, every = int(cfg.rl.num_steps), int(cfg.eval.every)
+    steps = {0, t} | (set(range(every, t, every)) if every > 0 else set())
+    return sorted(steps)
+
+
+def eval_key(seed: int, step: int, split: str) -> jax.Array:
+    """The key of evaluation point `step` on `split`: a function of (seed, step, split) only,
+    so every policy scored at a point (every method, seed and the SFT start) sees the same
+    random numbers (sample r of maze q uses `fold_in(key, q·n + r)`, `rl.evaluate`)."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(int(seed)), int(step)),
+                              SPLIT_FOLD[split])
 
 
 # ----------------------------------------------------------------------------- validation
@@ -136,7 +189,9 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequ
         c(t.num_sft >= 1, "task.num_sft", t.num_sft, ">= 1 (the SFT split is trained on)")
     c(cfg.rl.method is None, "rl.method", cfg.rl.method,
       "unset: the comparison sets it per run from --methods / config.compare.methods")
-    for method in methods:
+    c(NULL not in methods, "methods", NULL, "the null control is config.compare.null, not "
+      "a method name")
+    for method in list(methods) + ([NULL] if cfg.compare.null else []):
         try:
             rl_config.validate(run_config(cfg, method, 0))
         except ValueError as e:
@@ -145,42 +200,120 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequ
       f"<= task.num_train={t.num_train}")
     for seed in seeds:
         c(isinstance(seed, int) and seed >= 0, "compare.seeds", seed, "integers >= 0")
+    validate_compare(cfg)
     e = cfg.eval
     for field in ("num_samples", "curve_samples", "num_prompts", "batch_size"):
         c(common.positive_int(e[field]), f"eval.{field}", e[field], "an integer >= 1")
     c(e.num_prompts <= t.num_eval, "eval.num_prompts", e.num_prompts,
       f"<= task.num_eval={t.num_eval}")
+    c(isinstance(e.train_prompts, int) and 0 <= e.train_prompts <= t.num_train,
+      "eval.train_prompts", e.train_prompts, f"an integer in [0, task.num_train={t.num_train}]"
+      " (0 = no training-maze evaluation, so no realised κ)")
     c(isinstance(e.every, int) and e.every >= 0, "eval.every", e.every, ">= 0 (0 = final only)")
     c(isinstance(e.temperature, int | float) and np.isfinite(e.temperature) and
       e.temperature > 0, "eval.temperature", e.temperature, "a finite number > 0")
     c(isinstance(e.seed, int), "eval.seed", e.seed, "an integer")
+    c(isinstance(e.noise_seed, int) and e.noise_seed != e.seed, "eval.noise_seed",
+      e.noise_seed, f"an integer other than eval.seed={e.seed} (the second key set)")
+
+
+def validate_compare(cfg: ml_collections.ConfigDict) -> None:
+    """`compare.*` beyond methods / seeds: baseline, null control, bootstrap."""
+    c = common.check
+    k = cfg.compare
+    c(k.baseline in common.parse_methods(k.methods, "compare.methods"), "compare.baseline",
+      k.baseline, f"one of compare.methods={k.methods!r}")
+    c(isinstance(k.null, bool), "compare.null", k.null, "True or False")
+    if str(k.null_seeds).strip():
+        for s in common.parse_list(k.null_seeds, int, "compare.null_seeds"):
+            c(s >= 0, "compare.null_seeds", s, "integers >= 0")
+    c(common.positive_int(k.bootstrap) and k.bootstrap >= 100, "compare.bootstrap",
+      k.bootstrap, "an integer >= 100 (bootstrap resamples)")
+    c(isinstance(k.level, float) and 0.5 <= k.level < 1, "compare.level", k.level,
+      "a float in [0.5, 1)")
+    c(isinstance(k.bootstrap_seed, int), "compare.bootstrap_seed", k.bootstrap_seed,
+      "an integer")
+
+
+def regime_cells(cfg: ml_collections.ConfigDict) -> list[tuple[int, int, int]]:
+    """(P, N0, n_max) of every cell of the regime map: `regime.prompts_per_step` x
+    `regime.rollouts_per_prompt`, `n_max = min(regime.n_max_factor · N0, regime.n_max_cap)`."""
+    r = cfg.regime
+    ps = common.parse_list(r.prompts_per_step, int, "regime.prompts_per_step")
+    ns = common.parse_list(r.rollouts_per_prompt, int, "regime.rollouts_per_prompt")
+    return [(p, n, min(int(r.n_max_factor) * n, int(r.n_max_cap))) for p in ps for n in ns]
+
+
+def cell_config(cfg: ml_collections.ConfigDict, cell: tuple[int, int, int]
+                ) -> ml_collections.ConfigDict:
+    """`cfg` with one regime cell's batch shape (P, N0, n_max); no null control."""
+    p, n0, n_max = cell
+    out = ml_collections.ConfigDict(cfg.to_dict())
+    out.rl.prompts_per_step, out.rl.rollouts_per_prompt = p, n0
+    out.rl.allocation.n_max = n_max
+    out.compare.null = False
+    return out
+
+
+def validate_regime(cfg: ml_collections.ConfigDict) -> list[tuple[int, int, int]]:
+    """The regime fields, and every cell's config as a comparison; returns the cells."""
+    c = common.check
+    c("regime" in cfg, "regime", None, "a regime section (configs/maze/regime_map.py)")
+    r = cfg.regime
+    c(common.positive_int(r.n_max_factor), "regime.n_max_factor", r.n_max_factor,
+      "an integer >= 1")
+    c(common.positive_int(r.n_max_cap), "regime.n_max_cap", r.n_max_cap, "an integer >= 1")
+    cells = regime_cells(cfg)
+    methods = common.parse_methods(r.methods, "regime.methods")
+    seeds = common.parse_list(r.seeds, int, "regime.seeds")
+    c(cfg.compare.baseline in methods, "regime.methods", r.methods,
+      f"a list with compare.baseline={cfg.compare.baseline!r}")
+    for cell in cells:
+        try:
+            validate(cell_config(cfg, cell), methods, seeds)
+        except common.StudyError as e:
+            raise common.StudyError(f"regime cell P={cell[0]} N0={cell[1]} n_max={cell[2]}: "
+                                    f"{e}") from None
+    return cells
 
 
 # ----------------------------------------------------------------------------- evaluation
 
 
-def evaluate_policy(model: Any, task: maze_lib.MazeTask, cfg: ml_collections.ConfigDict,
-                    num_samples: int, step: int, mesh: jax.sharding.Mesh | None
-                    ) -> dict[str, Any]:
-    """Held-out evaluation: `num_samples` completions per maze at `eval.temperature`.
-
-    The key depends on (eval.seed, step) only, so every method and seed is evaluated with
-    the same random numbers at the same step (common random numbers). Returns a JSON-able
-    record with the pass@k curve and the per-maze correct counts.
-    """
-    ids = np.arange(min(int(cfg.eval.num_prompts), task.split_size("eval")))
+def _score(model: Any, task: maze_lib.MazeTask, cfg: ml_collections.ConfigDict, split: str,
+           num_prompts: int, n: int, key: jax.Array, mesh: jax.sharding.Mesh | None
+           ) -> dict[str, Any]:
+    ids = np.arange(min(int(num_prompts), task.split_size(split)))
     batch = shd.round_up_to_shards(int(cfg.eval.batch_size), mesh)
-    t0 = time.perf_counter()
-    res = eval_lib.evaluate(
-        model, task, "eval", num_samples=int(num_samples), sampling=eval_sampling(cfg, task),
-        key=jax.random.fold_in(jax.random.key(int(cfg.eval.seed)), int(step)), prompt_ids=ids,
-        batch_size=batch, mesh=mesh)
+    res = eval_lib.evaluate(model, task, split, num_samples=int(n),
+                            sampling=eval_sampling(cfg, task), key=key, prompt_ids=ids,
+                            batch_size=batch, mesh=mesh)
     ks, values = pass_at_k_curve(np.full(ids.size, res.num_samples), res.num_correct)
-    return {"step": int(step), "num_samples": int(res.num_samples),
+    return {"num_samples": int(res.num_samples),
             "pass_at_k": {str(int(k)): float(v) for k, v in zip(ks, values)},
             "num_correct": res.num_correct.astype(int).tolist(),
             "maj": next((v for k, v in res.summary.items() if k.startswith("maj@")), None),
-            "mean_length": res.summary["mean_length"], "seconds": time.perf_counter() - t0}
+            "mean_length": res.summary["mean_length"]}
+
+
+def evaluate_policy(model: Any, task: maze_lib.MazeTask, cfg: ml_collections.ConfigDict,
+                    num_samples: int, step: int, mesh: jax.sharding.Mesh | None,
+                    seed: int | None = None) -> dict[str, Any]:
+    """Evaluation point `step`: `num_samples` completions per maze at `eval.temperature` on
+    the first `eval.num_prompts` held-out mazes and (under `train`) on the first
+    `eval.train_prompts` training mazes, with the keys `eval_key(seed, step, split)`
+    (`seed` defaults to `eval.seed`). Returns a JSON-able record with the pass@k curves and
+    the per-maze correct counts."""
+    seed = int(cfg.eval.seed if seed is None else seed)
+    t0 = time.perf_counter()
+    out = {"step": int(step), "key_seed": seed,
+           **_score(model, task, cfg, "eval", cfg.eval.num_prompts, num_samples,
+                    eval_key(seed, step, "eval"), mesh)}
+    if int(cfg.eval.train_prompts) > 0:
+        out["train"] = _score(model, task, cfg, "train", cfg.eval.train_prompts, num_samples,
+                              eval_key(seed, step, "train"), mesh)
+    out["seconds"] = time.perf_counter() - t0
+    return out
 
 
 def pass1_distribution(num_correct: Sequence[int], num_samples: int) -> dict[str, Any]:
@@ -196,12 +329,58 @@ def pass1_distribution(num_correct: Sequence[int], num_samples: int) -> dict[str
             "fraction_unsolved": float((p == 0).mean()), "fraction_always": float((p == 1).mean())}
 
 
+def _eval_fingerprint(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+    return {k: cfg.eval[k] for k in ("num_prompts", "train_prompts", "temperature")}
+
+
+def sft_points(cfg: ml_collections.ConfigDict, sft_dir: str, mesh=None, model=None
+               ) -> dict[tuple[int, int, int], dict[str, Any]]:
+    """The SFT policy scored at every evaluation point with that point's keys (curve size;
+    final size too at the last step) and at the last step with the noise key set:
+    `{(step, n, key_seed): record}`, each cached in `sft/crn/` under the fingerprint of the
+    SFT checkpoint and of what it measures (the model is loaded only when one is missing)."""
+    t = int(cfg.rl.num_steps)
+    wanted = [(s, int(cfg.eval.curve_samples), int(cfg.eval.seed)) for s in eval_steps(cfg)]
+    wanted += [(t, int(cfg.eval.num_samples), int(cfg.eval.seed)),
+               (t, int(cfg.eval.num_samples), int(cfg.eval.noise_seed))]
+    wanted = list(dict.fromkeys(wanted))
+    os.makedirs(os.path.join(sft_dir, "crn"), exist_ok=True)
+    sft_step = latest_sft_step(sft_dir)
+    task, loaded, out = None, {}, {}
+    for step, n, seed in wanted:
+        path = os.path.join(sft_dir, "crn", f"step{step}_n{n}_keys{seed}.json")
+
+        def compute(step=step, n=n, seed=seed) -> dict[str, Any]:
+            nonlocal task
+            if "model" not in loaded:
+                task = build_task(cfg)
+                loaded["model"] = model if model is not None else build_model(cfg)
+                if model is None:
+                    sft_lib.load_final_params(loaded["model"], cfg.sft, sft_dir, mesh,
+                                              fingerprint=sft_fingerprint(cfg))
+            return evaluate_policy(loaded["model"], task, cfg, n, step, mesh, seed)
+
+        fp = {**sft_fingerprint(cfg), "sft_step": sft_step, "eval": _eval_fingerprint(cfg),
+              "point": [step, n, seed]}
+        out[(step, n, seed)] = common.cached_json(path, fp, compute)
+    return out
+
+
+def latest_sft_step(sft_dir: str) -> int | None:
+    """The step of the latest SFT checkpoint in `sft_dir` (None when there is none)."""
+    from sera_jax.checkpoint import Checkpointer
+
+    with Checkpointer(os.path.join(sft_dir, "checkpoints")) as ckpt:
+        return ckpt.latest_step()
+
+
 # ----------------------------------------------------------------------------- stages
 
 
 def stage_sft(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, Any]:
-    """Train (or resume / skip) SFT and evaluate it on the held-out mazes (cached by the SFT
-    and evaluation fingerprint)."""
+    """Train (or resume / skip) SFT; score it at every evaluation point (`sft_points`);
+    `sft/eval.json` summarises the step-0 scoring (cached by the SFT and evaluation
+    fingerprint)."""
     task = build_task(cfg)
     mesh = mesh if mesh is not None else make_mesh(cfg)
     sft_dir = os.path.join(workdir, "sft")
@@ -212,26 +391,24 @@ def stage_sft(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[s
     result = sft_lib.train(program, sft_dir, fingerprint=sft_fingerprint(cfg))
     if result.resumed_from != cfg.sft.num_steps:
         log_timing(workdir, "sft_train", result.seconds)
+    t0 = time.perf_counter()
+    points = sft_points(cfg, sft_dir, mesh, program.model)
+    log_timing(workdir, "sft_eval", time.perf_counter() - t0)
 
     def compute() -> dict[str, Any]:
-        t0 = time.perf_counter()
-        out = {"curve": evaluate_policy(program.model, task, cfg, cfg.eval.curve_samples, 0,
-                                        mesh)}
-        if cfg.eval.num_samples != cfg.eval.curve_samples:
-            out["final"] = evaluate_policy(program.model, task, cfg, cfg.eval.num_samples, 0,
-                                           mesh)
-        else:
-            out["final"] = out["curve"]
-        out["pass1_distribution"] = pass1_distribution(out["final"]["num_correct"],
-                                                       out["final"]["num_samples"])
-        log_timing(workdir, "sft_eval", time.perf_counter() - t0)
+        curve = points[(0, int(cfg.eval.curve_samples), int(cfg.eval.seed))]
+        final = points.get((0, int(cfg.eval.num_samples), int(cfg.eval.seed)), curve)
+        out = {"curve": curve, "final": final,
+               "pass1_distribution": pass1_distribution(final["num_correct"],
+                                                        final["num_samples"])}
         logging.info("SFT model: pass@1 distribution over held-out mazes %s",
                      out["pass1_distribution"])
         return out
 
     fingerprint = {**sft_fingerprint(cfg), "sft_step": result.step,
                    "eval": {k: cfg.eval[k] for k in ("num_samples", "curve_samples",
-                                                     "num_prompts", "temperature", "seed")}}
+                                                     "num_prompts", "train_prompts",
+                                                     "temperature", "seed")}}
     return common.cached_json(os.path.join(sft_dir, "eval.json"), fingerprint, compute)
 
 
@@ -239,17 +416,38 @@ def run_dir(workdir: str, method: str, seed: int) -> str:
     return os.path.join(workdir, "rl", method, f"seed{seed}")
 
 
+class RecordingProgram(trainer_lib.RLProgram):
+    """An `RLProgram` that keeps each step's host rollouts record (for `alloc.jsonl`)."""
+
+    last: Any = None
+
+    def step(self, state: Any, step: int) -> tuple[Any, dict[str, float | None]]:
+        state, metrics, self.last = self.trainer.step(state, return_rollouts=True)
+        return state, metrics
+
+
+def alloc_record(step: int, rollouts: Any) -> dict[str, Any]:
+    """One step's allocation: prompt ids, p̂ (None = unseen), counts N_q, successes K_q."""
+    r = rollouts
+    successes = np.bincount(r.segment_ids, weights=r.rewards, minlength=len(r.prompt_ids))
+    return {"step": int(step), "prompt_ids": np.asarray(r.prompt_ids).astype(int).tolist(),
+            "p_hat": [None if not np.isfinite(p) else float(p) for p in r.p_hat],
+            "counts": np.asarray(r.counts).astype(int).tolist(),
+            "successes": successes.astype(int).tolist()}
+
+
 def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: int, mesh=None,
-             stop_after: int | None = None) -> loop.Result:
+             stop_after: int | None = None, sft_dir: str | None = None) -> loop.Result:
     """One RL run from the SFT checkpoint on the one loop; resumes from its own checkpoint.
 
-    `stop_after` (tests) stops after that many steps of this call, as a kill would.
+    `method` is a method name or `NULL`; `sft_dir` defaults to `<workdir>/sft`; `stop_after`
+    (tests) stops after that many steps of this call, as a kill would.
     """
     task = build_task(cfg)
     mesh = mesh if mesh is not None else make_mesh(cfg)
     rl = run_config(cfg, method, seed)
     out = run_dir(workdir, method, seed)
-    sft_dir = os.path.join(workdir, "sft")
+    sft_dir = sft_dir or os.path.join(workdir, "sft")
     sft_eval_path = os.path.join(sft_dir, "eval.json")
     if not os.path.exists(sft_eval_path):
         raise common.StudyError(f"no SFT evaluation at {sft_eval_path}: run --stage=sft first")
@@ -260,13 +458,22 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
     if sft_eval.get("fingerprint", {}).get("sft_step") != sft_step:
         raise common.StudyError(f"{sft_eval_path} does not evaluate the SFT checkpoint "
                                 f"(step {sft_step}); run --stage=sft again")
+    start = sft_points(cfg, sft_dir, mesh, model)[(0, int(cfg.eval.curve_samples),
+                                                   int(cfg.eval.seed))]
     trainer = trainer_lib.Trainer(rl, task, model, mesh)
+    program = RecordingProgram(trainer, model)
     counter = common.RolloutCounter(out, trainer.budget)
+    alloc_path = os.path.join(out, ALLOC_RECORDS)
 
     def on_start(step: int, state: Any) -> None:
         counter.on_start(step, state)
+        write_jsonl(alloc_path, [r for r in read_jsonl(alloc_path) if r["step"] <= step])
         if step == 0 and not read_jsonl(os.path.join(out, loop.EVAL_RECORDS)):
-            common.append_eval(out, {**sft_eval["curve"], "rollouts": 0, "tokens": 0})
+            common.append_eval(out, {**start, "rollouts": 0, "tokens": 0})
+
+    def record(step: int, metrics: dict) -> dict[str, Any]:
+        append_jsonl(alloc_path, alloc_record(step, program.last))
+        return counter.record(step, metrics)
 
     def evaluate(step: int, state: Any, final: bool) -> dict[str, float]:
         policy = trainer.model(state)
@@ -284,12 +491,11 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
         return {f"pass@{k}": v for k, v in ev["pass_at_k"].items()}
 
     result = loop.run(
-        trainer_lib.RLProgram(trainer, model), out,
-        fingerprint=rl_fingerprint(cfg, rl, sft_step), resumable=RESUMABLE,
+        program, out, fingerprint=rl_fingerprint(cfg, rl, sft_step), resumable=RESUMABLE,
         schedule=loop.Schedule(num_steps=rl.num_steps, checkpoint_every=rl.checkpoint_every,
                                eval_every=int(cfg.eval.every),
                                max_to_keep=rl.max_checkpoints_to_keep, log_every=rl.log_every),
-        hooks=loop.Hooks(on_start=on_start, record=counter.record, evaluate=evaluate,
+        hooks=loop.Hooks(on_start=on_start, record=record, evaluate=evaluate,
                          log_keys=("reward_mean", "mixed_fraction", "rollouts_min",
                                    "rollouts_max", "kappa_min", "kappa_mean", "loss",
                                    "tokens_per_s", "step_time")),
@@ -314,102 +520,286 @@ def _mean_spread(values: Sequence[float]) -> tuple[float, float, float, float]:
             float(v.max()))
 
 
-def _fmt(values: Sequence[float], scale: float = 100.0, digits: int = 1) -> str:
-    mean, std, _, _ = _mean_spread(values)
-    if len(values) == 1:
-        return f"{scale * mean:.{digits}f}"
-    return f"{scale * mean:.{digits}f} ± {scale * std:.{digits}f}"
+def _summary(values: Sequence[float]) -> dict[str, Any]:
+    return {**dict(zip(("mean", "std", "min", "max"), _mean_spread(values))),
+            "values": [float(v) for v in values]}
+
+
+def allocation_diagnostics(allocs: list[dict], curve: list[dict], shift: int
+                           ) -> dict[str, float | None]:
+    """What the allocator believed and what was true, averaged over steps.
+
+    Step t's batch was sampled by the policy of step t − 1; its true per-maze success rate
+    is taken from the training-maze evaluation at the latest evaluation point <= t − 1
+    (`p = c/n`). Over the active prompts with an estimate: believed κ = κ(p̂_q, N_q),
+    realised κ = κ(p_q, N_q), `κ(p, N) = 1 − (1 − p)^(N − shift)`; per step the min and the
+    mean, then the mean over steps. Also: the share of all generated rollouts spent on mazes
+    never solved by any of the run's training rollouts, and the mean fraction of mixed groups.
+    """
+    points = sorted((r["step"], r["train"]) for r in curve if "train" in r)
+    believed_min, believed_mean, true_min, true_mean = [], [], [], []
+    total, successes, spent = 0, {}, {}
+    mixed = []
+    for a in allocs:
+        ids = np.asarray(a["prompt_ids"])
+        counts = np.asarray(a["counts"])
+        succ = np.asarray(a["successes"])
+        total += int(counts.sum())
+        for q, n_q, k_q in zip(ids.tolist(), counts.tolist(), succ.tolist()):
+            spent[q] = spent.get(q, 0) + n_q
+            successes[q] = successes.get(q, 0) + k_q
+        active = counts > 0
+        mixed.append(float(np.mean((succ[active] > 0) & (succ[active] < counts[active]))))
+        p_hat = np.array([np.nan if p is None else p for p in a["p_hat"]], np.float64)
+        seen = active & np.isfinite(p_hat)
+        if not seen.any():
+            continue
+        k_b = analytic_pass_at_k(p_hat[seen], np.maximum(counts[seen] - shift, 0))
+        believed_min.append(float(k_b.min()))
+        believed_mean.append(float(k_b.mean()))
+        before = [tr for s, tr in points if s <= a["step"] - 1]
+        if before:
+            tr = before[-1]
+            c = np.asarray(tr["num_correct"])
+            covered = seen & (ids < c.size)
+            if covered.any():
+                p_true = c[ids[covered]] / tr["num_samples"]
+                k_t = analytic_pass_at_k(p_true, np.maximum(counts[covered] - shift, 0))
+                true_min.append(float(k_t.min()))
+                true_mean.append(float(k_t.mean()))
+    never = sum(spent[q] for q in spent if successes[q] == 0)
+    mean = lambda v: float(np.mean(v)) if v else None  # noqa: E731
+    return {"kappa_believed_min": mean(believed_min), "kappa_believed_mean": mean(believed_mean),
+            "kappa_true_min": mean(true_min), "kappa_true_mean": mean(true_mean),
+            "mixed_fraction": mean(mixed),
+            "never_solved_share": float(never / total) if total else None,
+            "never_solved_mazes": int(sum(successes[q] == 0 for q in successes))}
 
 
 def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[str],
-              seeds: Sequence[int]) -> dict[str, Any]:
+              seeds: Sequence[int], sft_dir: str | None = None, mesh=None,
+              plots: bool = True) -> dict[str, Any]:
     """Collect finished runs -> `results/comparison.{json,md}` and figures; returns the dict.
 
-    Spread = sample standard deviation over seeds (and min / max in the JSON).
+    Spread = sample standard deviation over seeds (and min / max in the JSON). Paired
+    differences and CIs: `sera_jax.studies.compare` (the SFT start is scored with the keys
+    of the final point, like every RL row). The comparison is `valid` only when the null
+    control ran and stays within the noise floor of SFT at every k.
     """
+    sft_dir = sft_dir or os.path.join(workdir, "sft")
     results_dir = os.path.join(workdir, "results")
     os.makedirs(results_dir, exist_ok=True)
-    with open(os.path.join(workdir, "sft", "eval.json")) as f:
-        sft_eval = json.load(f)
-    num_steps = int(cfg.rl.num_steps)
-    n = int(cfg.eval.num_samples)
-    table: dict[str, Any] = {"sft": {"pass_at_k": sft_eval["final"]["pass_at_k"],
-                                     "pass1_distribution": sft_eval["pass1_distribution"]},
-                             "methods": {}, "num_samples": n, "num_steps": num_steps}
+    sft_eval = read_json(os.path.join(sft_dir, "eval.json"))
+    num_steps, n = int(cfg.rl.num_steps), int(cfg.eval.num_samples)
+    points = sft_points(cfg, sft_dir, mesh)
+    sft_final = points[(num_steps, n, int(cfg.eval.seed))]
+    sft_noise = points[(num_steps, n, int(cfg.eval.noise_seed))]
+    ks = cmp.ks_for(n)
+    boot = dict(num_resamples=int(cfg.compare.bootstrap), level=float(cfg.compare.level),
+                seed=int(cfg.compare.bootstrap_seed))
+    table: dict[str, Any] = {
+        "sft": {"pass_at_k": sft_final["pass_at_k"],
+                "train_pass_at_k": sft_final.get("train", {}).get("pass_at_k"),
+                "pass_at_k_noise_keys": sft_noise["pass_at_k"],
+                "pass1_distribution": sft_eval["pass1_distribution"],
+                "curve": {str(s): points[(s, int(cfg.eval.curve_samples), int(cfg.eval.seed))]
+                          ["pass_at_k"] for s in eval_steps(cfg)}},
+        "methods": {}, "num_samples": n, "num_steps": num_steps,
+        "num_prompts": {"eval": len(sft_final["num_correct"]),
+                        "train": len(sft_final.get("train", {}).get("num_correct", []))},
+        "baseline": cfg.compare.baseline,
+        "ci_method": (f"paired bootstrap over mazes and seeds: {cfg.compare.bootstrap} "
+                      f"resamples, each drawing the seeds and the mazes with replacement (the "
+                      f"same mazes for every seed), {100 * cfg.compare.level:.0f} % "
+                      f"percentile interval of the mean per-maze pass@k difference; every "
+                      f"policy at a point is scored with that point's keys"),
+        "noise_floor": {"eval": cmp.noise_floor(sft_final["num_correct"],
+                                                sft_noise["num_correct"], n, ks, **boot)}}
+    if "train" in sft_final:
+        table["noise_floor"]["train"] = cmp.noise_floor(
+            sft_final["train"]["num_correct"], sft_noise["train"]["num_correct"], n, ks, **boot)
     curves: dict[str, list[list[dict]]] = {}
-    for method in methods:
+    correct: dict[str, dict[int, dict[str, list[int]]]] = {}
+    for arm, arm_seeds in arms(cfg, methods, seeds):
         runs = []
-        curves[method] = []
-        for seed in seeds:
-            d = run_dir(workdir, method, seed)
-            evals = read_jsonl(os.path.join(d, "eval.jsonl"))
+        curves[arm], correct[arm] = [], {}
+        shift = rl_config.method(run_config(cfg, arm, 0)).kappa_shift
+        for seed in arm_seeds:
+            d = run_dir(workdir, arm, seed)
+            evals = read_jsonl(os.path.join(d, loop.EVAL_RECORDS))
             final = _final_eval(evals, num_steps, n)
             if final is None:
-                logging.warning("%s seed %d has no final evaluation; left out", method, seed)
+                logging.warning("%s seed %d has no final evaluation; left out", arm, seed)
                 continue
-            train = read_jsonl(os.path.join(d, "train.jsonl"))
+            train = read_jsonl(os.path.join(d, loop.TRAIN_RECORDS))
+            curve = [r for r in evals if not r.get("final_only")]
+            diag = allocation_diagnostics(read_jsonl(os.path.join(d, ALLOC_RECORDS)), curve,
+                                          shift)
             runs.append({"seed": seed, "final": final, "rollouts": final["rollouts"],
                          "tokens": final["tokens"],
                          "reward_mean_last": float(np.mean([r["reward_mean"]
-                                                            for r in train[-5:]]))})
-            curves[method].append([r for r in evals if not r.get("final_only")])
+                                                            for r in train[-5:]])), **diag})
+            curves[arm].append(curve)
+            correct[arm][seed] = {"eval": final["num_correct"],
+                                  "train": final.get("train", {}).get("num_correct")}
         if not runs:
             continue
-        ks = list(runs[0]["final"]["pass_at_k"])
-        entry = {"seeds": [r["seed"] for r in runs], "pass_at_k": {}, "rollouts": {},
-                 "tokens": {}}
-        for k in ks:
-            vals = [r["final"]["pass_at_k"][k] for r in runs]
-            entry["pass_at_k"][k] = dict(zip(("mean", "std", "min", "max"), _mean_spread(vals)),
-                                         values=vals)
-        for field in ("rollouts", "tokens", "reward_mean_last"):
+        entry = {"seeds": [r["seed"] for r in runs], "pass_at_k": {}, "train_pass_at_k": {}}
+        for k in runs[0]["final"]["pass_at_k"]:
+            entry["pass_at_k"][k] = _summary([r["final"]["pass_at_k"][k] for r in runs])
+            if "train" in runs[0]["final"]:
+                entry["train_pass_at_k"][k] = _summary([r["final"]["train"]["pass_at_k"][k]
+                                                        for r in runs])
+        for field in ("rollouts", "tokens", "reward_mean_last", "kappa_believed_min",
+                      "kappa_believed_mean", "kappa_true_min", "kappa_true_mean",
+                      "mixed_fraction", "never_solved_share", "never_solved_mazes"):
             vals = [r[field] for r in runs]
-            entry[field] = dict(zip(("mean", "std", "min", "max"), _mean_spread(vals)),
-                                values=vals)
-        table["methods"][method] = entry
+            entry[field] = _summary(vals) if all(v is not None for v in vals) else None
+        table["methods"][arm] = entry
+
+    sft_c = {"eval": sft_final["num_correct"], "train": sft_final.get("train", {}).get(
+        "num_correct")}
+    table["paired"], table["vs_sft"] = {}, {}
+    base = cfg.compare.baseline
+    for arm in table["methods"]:
+        table["vs_sft"][arm] = {}
+        for split in ("eval", "train"):
+            if sft_c[split] is None:
+                continue
+            s_ids = sorted(correct[arm])
+            table["vs_sft"][arm][split] = cmp.paired_difference(
+                [correct[arm][s][split] for s in s_ids], [sft_c[split]] * len(s_ids), n, ks,
+                **boot)
+        if arm in (base, NULL) or base not in correct:
+            continue
+        common_seeds = sorted(set(correct[arm]) & set(correct[base]))
+        if not common_seeds:
+            continue
+        table["paired"][arm] = {"seeds": common_seeds}
+        for split in ("eval", "train"):
+            if sft_c[split] is None:
+                continue
+            diff = cmp.paired_difference([correct[arm][s][split] for s in common_seeds],
+                                         [correct[base][s][split] for s in common_seeds], n,
+                                         ks, **boot)
+            floors = table["noise_floor"][split]
+            for k, e in diff.items():
+                e["floor"] = floors[k]["floor"]
+                e["verdict"] = cmp.verdict(e, floors[k]["floor"])
+            table["paired"][arm][split] = diff
+    null = table["vs_sft"].get(NULL, {}).get("eval")
+    if null is None:
+        table["null_control"] = {"ran": False}
+        table["valid"] = False
+    else:
+        within = cmp.within_floor(null, table["noise_floor"]["eval"])
+        table["null_control"] = {"ran": True, "within_floor": within,
+                                 "passes": bool(all(within.values()))}
+        table["valid"] = table["null_control"]["passes"]
     write_json(os.path.join(results_dir, "comparison.json"), table)
     md = comparison_markdown(table)
     with open(os.path.join(results_dir, "comparison.md"), "w") as f:
         f.write(md)
-    plot_comparison(table, curves, sft_eval, results_dir)
+    if plots:
+        plot_comparison(table, curves, sft_eval, results_dir)
     return table
 
 
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{100 * x:.{digits}f}"
+
+
 def comparison_markdown(table: dict[str, Any]) -> str:
-    """The pass@k table (percent, mean ± std over seeds) with matched rollouts / tokens."""
+    """The pass@k table (percent, mean ± std over seeds) with matched rollouts / tokens, the
+    paired differences with CIs and verdicts, the noise floor, the null control and the
+    allocator diagnostics."""
     ks = list(table["sft"]["pass_at_k"])
+    n_steps = table["num_steps"]
     head = "| method | seeds | " + " | ".join(f"pass@{k}" for k in ks) + \
         " | generated rollouts | generated tokens |"
     lines = [head, "|" + "---|" * (len(ks) + 4)]
-    lines.append("| SFT (start) | – | " + " | ".join(
-        f"{100 * table['sft']['pass_at_k'][k]:.1f}" for k in ks) + " | 0 | 0 |")
+    lines.append(f"| SFT (start, step-{n_steps} keys) | – | " + " | ".join(
+        _pct(table["sft"]["pass_at_k"][k]) for k in ks) + " | 0 | 0 |")
     for method, e in table["methods"].items():
-        cells = []
-        for k in ks:
-            if k in e["pass_at_k"]:
-                v = e["pass_at_k"][k]
-                cells.append(f"{100 * v['mean']:.1f} ± {100 * v['std']:.1f}")
-            else:
-                cells.append("–")
+        cells = [f"{_pct(e['pass_at_k'][k]['mean'])} ± {_pct(e['pass_at_k'][k]['std'])}"
+                 if k in e["pass_at_k"] else "–" for k in ks]
         lines.append(f"| {method} | {len(e['seeds'])} | " + " | ".join(cells) +
                      f" | {e['rollouts']['mean']:,.0f} | {e['tokens']['mean']:,.0f} ± "
                      f"{e['tokens']['std']:,.0f} |")
     lines.append("")
-    lines.append(f"Held-out mazes, n = {table['num_samples']} samples per maze at the final "
-                 f"step ({table['num_steps']} RL steps); mean ± sample std over seeds, percent.")
+    lines.append(f"Held-out mazes ({table['num_prompts']['eval']}), n = "
+                 f"{table['num_samples']} samples per maze at the final step ({n_steps} RL "
+                 "steps), every row scored with the same keys; mean ± sample std over seeds, "
+                 "percent.")
+    floor = table["noise_floor"]
+    for split in ("eval", "train"):
+        if split not in floor:
+            continue
+        name = "held-out" if split == "eval" else "training"
+        lines += ["", f"**Paired differences on {name} mazes** (percentage points, mean "
+                  f"[95 % CI]; noise floor = one policy, two key sets):", "",
+                  "| comparison | " + " | ".join(f"pass@{k}" for k in ks) + " |",
+                  "|" + "---|" * (len(ks) + 1),
+                  "| noise floor (SFT, keys A − keys B) | " + " | ".join(
+                      f"{_pct(floor[split][k]['diff'])} (±{_pct(floor[split][k]['floor'])})"
+                      for k in ks) + " |"]
+        for arm, p in table.get("paired", {}).items():
+            if split in p:
+                lines.append(f"| {arm} − {table['baseline']} ({len(p['seeds'])} seeds) | " +
+                             " | ".join(_ci(p[split][k]) + f" {_short(p[split][k]['verdict'])}"
+                                        for k in ks) + " |")
+        for arm, p in table.get("vs_sft", {}).items():
+            if split in p:
+                lines.append(f"| {arm} − SFT | " + " | ".join(_ci(p[split][k]) for k in ks) +
+                             " |")
+    nc = table["null_control"]
+    lines.append("")
+    if not nc["ran"]:
+        lines.append("Null control: **not run** -- the comparison is not a result.")
+    else:
+        bad = [k for k, ok in nc["within_floor"].items() if not ok]
+        lines.append("Null control (uniform, rewards shuffled within each batch): " + (
+            "within the noise floor of SFT at every k -- the comparison stands." if nc["passes"]
+            else f"**outside the noise floor of SFT at k = {', '.join(bad)}**: optimiser "
+            "noise alone moves the policy that far, so the comparison is *not* reported as a "
+            "result."))
+    lines += ["", "**What the allocator did** (mean over steps, then mean ± std over seeds):",
+              "", "| method | κ_min believed | κ_min realised | κ_mean believed | κ_mean "
+              "realised | mixed groups | budget on never-solved mazes | training reward |",
+              "|---|---|---|---|---|---|---|---|"]
+    for method, e in table["methods"].items():
+        def f(field: str, e: dict = e) -> str:
+            v = e.get(field)
+            return "–" if v is None else f"{v['mean']:.2f} ± {v['std']:.2f}"
+
+        lines.append(f"| {method} | {f('kappa_believed_min')} | {f('kappa_true_min')} | "
+                     f"{f('kappa_believed_mean')} | {f('kappa_true_mean')} | "
+                     f"{f('mixed_fraction')} | {f('never_solved_share')} | "
+                     f"{f('reward_mean_last')} |")
+    lines += ["", f"CIs: {table['ci_method']}. A difference is a win or a loss only when its "
+              "CI excludes 0 and it exceeds the noise floor; otherwise it is no difference."]
     return "\n".join(lines) + "\n"
+
+
+def _ci(e: dict[str, float]) -> str:
+    return f"{100 * e['mean']:+.1f} [{100 * e['lo']:+.1f}, {100 * e['hi']:+.1f}]"
+
+
+def _short(verdict: str) -> str:
+    return {"better": "▲", "worse": "▼"}.get(verdict, "=")
 
 
 def plot_comparison(table: dict, curves: dict, sft_eval: dict, results_dir: str) -> list[str]:
     """PNG figures: final pass@k vs k per method; pass@1 / pass@k_max vs training rollouts;
-    the SFT model's per-maze pass@1 histogram. Returns the file paths."""
+    paired differences vs k with CIs and the noise floor; the SFT model's per-maze pass@1
+    histogram. Returns the file paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     paths = []
-    colors = {"uniform": "tab:blue", "sera": "tab:red", "grpo": "tab:gray"}
+    colors = {"uniform": "tab:blue", "sera": "tab:red", "grpo": "tab:gray", NULL: "tab:olive"}
     fig, ax = plt.subplots(figsize=(5.5, 4))
     ks = [int(k) for k in table["sft"]["pass_at_k"]]
     ax.plot(ks, [table["sft"]["pass_at_k"][str(k)] for k in ks], "k--", label="SFT start")
@@ -432,18 +822,54 @@ def plot_comparison(table: dict, curves: dict, sft_eval: dict, results_dir: str)
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
 
-    kmax = str(sft_eval["curve"]["num_samples"])
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    floor = table["noise_floor"]["eval"]
+    ax.fill_between(ks, [-100 * floor[str(k)]["floor"] for k in ks],
+                    [100 * floor[str(k)]["floor"] for k in ks], color="0.85",
+                    label="noise floor")
+    for arm, p in table.get("paired", {}).items():
+        e = p["eval"]
+        mean = np.array([100 * e[str(k)]["mean"] for k in ks])
+        ax.errorbar(ks, mean, yerr=[mean - [100 * e[str(k)]["lo"] for k in ks],
+                                    [100 * e[str(k)]["hi"] for k in ks] - mean],
+                    fmt="o-", capsize=3, color=colors.get(arm),
+                    label=f"{arm} − {table['baseline']}")
+    if NULL in table.get("vs_sft", {}):
+        e = table["vs_sft"][NULL]["eval"]
+        ax.plot(ks, [100 * e[str(k)]["mean"] for k in ks], "s:", color=colors[NULL],
+                label="null − SFT")
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel("held-out pass@k difference (points)")
+    ax.set_title("paired differences, 95 % CI")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(os.path.join(results_dir, "paired_differences.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    sft_curve = table["sft"]["curve"]
+    kmax = list(sft_curve["0"])[-1]
+    budget = next((r["rollouts"] / r["step"] for runs in curves.values() for run in runs
+                   for r in run if r["step"] > 0), None)
     for ax, k in zip(axes, ("1", kmax)):
         for method, runs in curves.items():
             if not runs:
                 continue
             c = colors.get(method)
             steps = sorted({r["rollouts"] for r in runs[0]})
-            ys = np.array([[next((r["pass_at_k"][k] for r in run if r["rollouts"] == s),
-                                 np.nan) for s in steps] for run in runs])
+            ys = np.array([[next((r["pass_at_k"].get(k, np.nan) for r in run
+                                  if r["rollouts"] == s), np.nan) for s in steps]
+                           for run in runs])
             ax.plot(steps, np.nanmean(ys, 0), "o-", color=c, label=f"{method}")
             ax.fill_between(steps, np.nanmin(ys, 0), np.nanmax(ys, 0), color=c, alpha=0.2)
+        if budget:
+            ss = sorted(int(s) for s in sft_curve)
+            ax.plot([s * budget for s in ss], [sft_curve[str(s)].get(k, np.nan) for s in ss],
+                    "k--", label="SFT (same keys)")
         ax.set_xlabel("generated training rollouts")
         ax.set_ylabel(f"held-out pass@{k}")
         ax.grid(alpha=0.3)
@@ -467,6 +893,147 @@ def plot_comparison(table: dict, curves: dict, sft_eval: dict, results_dir: str)
     return paths
 
 
+# ----------------------------------------------------------------------------- regime map
+
+
+def cell_name(cell: tuple[int, int, int]) -> str:
+    return f"P{cell[0]}_N{cell[1]}_nmax{cell[2]}"
+
+
+def stage_regime(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, Any]:
+    """The regime map: per cell (P, N0, n_max) the comparison of `regime.methods` with
+    `regime.seeds` in `regime/<cell>/` from the shared SFT stage, then
+    `results/regime_map.{json,md,png}`: SERA − baseline at pass@1 and at the largest k with
+    CIs, mixed fraction and κ spread per cell."""
+    cells = regime_cells(cfg)
+    methods = common.parse_methods(cfg.regime.methods, "regime.methods")
+    seeds = common.parse_list(cfg.regime.seeds, int, "regime.seeds")
+    sft_dir = os.path.join(workdir, "sft")
+    out: dict[str, Any] = {"cells": {}, "methods": methods, "seeds": seeds}
+    for cell in cells:
+        ccfg = cell_config(cfg, cell)
+        cdir = os.path.join(workdir, "regime", cell_name(cell))
+        t0 = time.perf_counter()
+        for seed in seeds:
+            for method in methods:
+                stage_rl(ccfg, cdir, method, seed, mesh, sft_dir=sft_dir)
+        table = aggregate(ccfg, cdir, methods, seeds, sft_dir=sft_dir, mesh=mesh, plots=False)
+        log_timing(workdir, f"regime/{cell_name(cell)}", time.perf_counter() - t0)
+        out["cells"][cell_name(cell)] = {
+            "P": cell[0], "N0": cell[1], "n_max": cell[2], "paired": table["paired"],
+            "diagnostics": {m: {f: e.get(f) for f in ("mixed_fraction", "kappa_true_min",
+                                                     "kappa_true_mean", "kappa_believed_min",
+                                                     "never_solved_share")}
+                            for m, e in table["methods"].items()},
+            "pass_at_k": {m: {k: v["mean"] for k, v in e["pass_at_k"].items()}
+                          for m, e in table["methods"].items()}}
+    results_dir = os.path.join(workdir, "results")
+    os.makedirs(results_dir, exist_ok=True)
+    write_json(os.path.join(results_dir, "regime_map.json"), out)
+    with open(os.path.join(results_dir, "regime_map.md"), "w") as f:
+        f.write(regime_markdown(out))
+    plot_regime(out, results_dir)
+    return out
+
+
+def regime_markdown(out: dict[str, Any]) -> str:
+    """One row per (cell, compared method): pass@1 and pass@k_max differences with CIs and
+    verdicts, mixed fraction and realised κ_min of both arms."""
+    lines = ["| P | N0 | n_max | method | Δ pass@1 [95 % CI] | Δ pass@k_max [95 % CI] | "
+             "mixed (base / method) | κ_min realised (base / method) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for cell in out["cells"].values():
+        diag = cell["diagnostics"]
+        base = next(m for m in out["methods"] if m not in cell["paired"])
+        for arm, p in cell["paired"].items():
+            e = p["eval"]
+            kmax = list(e)[-1]
+
+            def d(m: str, f: str, diag: dict = diag) -> str:
+                v = diag.get(m, {}).get(f)
+                return "–" if v is None else f"{v['mean']:.2f}"
+
+            lines.append(f"| {cell['P']} | {cell['N0']} | {cell['n_max']} | {arm} | "
+                         f"{_ci(e['1'])} {_short(e['1']['verdict'])} | k={kmax}: "
+                         f"{_ci(e[kmax])} {_short(e[kmax]['verdict'])} | "
+                         f"{d(base, 'mixed_fraction')} / {d(arm, 'mixed_fraction')} | "
+                         f"{d(base, 'kappa_true_min')} / {d(arm, 'kappa_true_min')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_regime(out: dict[str, Any], results_dir: str) -> str | None:
+    """Heatmaps (rows P, columns N0) of the first compared method − baseline at pass@1 and
+    at the largest k, annotated with the mean and the 95 % CI."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = list(out["cells"].values())
+    if not cells or not cells[0]["paired"]:
+        return None
+    arm = next(iter(cells[0]["paired"]))
+    ps = sorted({c["P"] for c in cells})
+    ns = sorted({c["N0"] for c in cells})
+    kmax = list(cells[0]["paired"][arm]["eval"])[-1]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, k in zip(axes, ("1", kmax)):
+        grid = np.full((len(ps), len(ns)), np.nan)
+        text = {}
+        for c in cells:
+            if arm not in c["paired"]:
+                continue
+            e = c["paired"][arm]["eval"][k]
+            i, j = ps.index(c["P"]), ns.index(c["N0"])
+            grid[i, j] = 100 * e["mean"]
+            text[i, j] = (f"{100 * e['mean']:+.1f}\n[{100 * e['lo']:+.1f}, "
+                          f"{100 * e['hi']:+.1f}]\nn_max {c['n_max']}")
+        lim = max(1.0, float(np.nanmax(np.abs(grid)))) if np.isfinite(grid).any() else 1.0
+        im = ax.imshow(grid, cmap="RdBu", vmin=-lim, vmax=lim, origin="lower")
+        for (i, j), t in text.items():
+            ax.text(j, i, t, ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(ns)), [str(n) for n in ns])
+        ax.set_yticks(range(len(ps)), [str(p) for p in ps])
+        ax.set_xlabel("N0 (rollouts per prompt; n_max tied)")
+        ax.set_ylabel("P (prompts per step)")
+        ax.set_title(f"{arm} − {out['methods'][0]}: held-out pass@{k} (points)")
+        fig.colorbar(im, ax=ax, shrink=0.8)
+    fig.tight_layout()
+    path = os.path.join(results_dir, "regime_map.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- smoke
+
+
+def smoke(cfg: ml_collections.ConfigDict, steps: int, method: str = "sera") -> dict[str, float]:
+    """A few RL steps of `cfg` from a freshly initialised policy on `cfg.rl.mesh` (no SFT,
+    no checkpoints): the accelerator smoke test. Returns the first (compile) step time and
+    the mean step time, sampling tokens/s and generated tokens of the later steps."""
+    validate(cfg, [method], [0])
+    task = build_task(cfg)
+    mesh = make_mesh(cfg)
+    model = build_model(cfg)
+    trainer = trainer_lib.Trainer(run_config(cfg, method, 0), task, model, mesh)
+    state = trainer.init_state(model)
+    times, tps, toks = [], [], []
+    for _ in range(int(steps)):
+        t0 = time.perf_counter()
+        state, m = trainer.step(state)
+        jax.block_until_ready(state.params)
+        times.append(time.perf_counter() - t0)
+        tps.append(m["tokens_per_s"])
+        toks.append(m["generated_tokens"])
+    later = slice(1, None) if len(times) > 1 else slice(0, None)
+    return {"devices": float(jax.device_count()), "budget": float(trainer.budget),
+            "first_step_s": times[0], "step_s": float(np.mean(times[later])),
+            "sample_tokens_per_s": float(np.mean(tps[later])),
+            "generated_tokens_per_step": float(np.mean(toks[later])),
+            "train_tokens_per_s": float(np.mean(toks[later]) / np.mean(times[later]))}
+
+
 # ----------------------------------------------------------------------------- entry
 
 
@@ -482,6 +1049,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     seeds = (list(seeds) if seeds is not None
              else common.parse_list(cfg.compare.seeds, int, "compare.seeds"))
     validate(cfg, methods, seeds)
+    if stage == "regime":
+        validate_regime(cfg)
     workdir = common.prepare_workdir(workdir)
     trainer_lib.initialize_distributed(cfg.rl)
     logging.info("JAX process %d of %d, %d devices", jax.process_index(), jax.process_count(),
@@ -489,14 +1058,20 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     t0 = time.perf_counter()
     mesh = make_mesh(cfg)
     table = None
-    if stage in ("sft", "all"):
+    if stage in ("sft", "all", "regime"):
         stage_sft(cfg, workdir, mesh)
     if stage in ("rl", "all", "compare"):
-        for seed in seeds:
-            for method in methods:
-                stage_rl(cfg, workdir, method, seed, mesh)
+        plan = arms(cfg, methods, seeds)
+        # Seed-major: a killed comparison leaves complete pairs behind.
+        for seed in sorted({s for _, ss in plan for s in ss}):
+            for arm, arm_seeds in plan:
+                if seed in arm_seeds:
+                    stage_rl(cfg, workdir, arm, seed, mesh)
     if stage in ("eval", "all", "compare"):
-        table = aggregate(cfg, workdir, methods, seeds)
+        table = aggregate(cfg, workdir, methods, seeds, mesh=mesh)
         logging.info("\n%s", comparison_markdown(table))
+    if stage == "regime":
+        table = stage_regime(cfg, workdir, mesh)
+        logging.info("\n%s", regime_markdown(table))
     log_timing(workdir, f"stage_{stage}", time.perf_counter() - t0)
     return table
