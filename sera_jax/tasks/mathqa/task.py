@@ -5,7 +5,8 @@ A prompt is the problem text with the model family's instruction suffix
 prompts are tokenised once at construction. The reward of a completion is
 `grader.grade(decoded text, gold, truncated)`: 1 iff the answer (the last complete
 `\\boxed{}`, else the rightmost mathematical item: the rules A1-A4 of `grader`) is equivalent
-to the gold answer and the completion was not cut by the length cap. `extract_answers` gives canonical answer keys for majority voting.
+to the gold answer and the completion was not cut by the length cap. `extract_answers`
+gives canonical answer keys for majority voting.
 """
 
 from __future__ import annotations
