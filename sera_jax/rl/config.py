@@ -176,7 +176,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     try:
         method(c)
     except ValueError as e:
-        raise ValueError(f"config.method={c.method!r} / config.allocation: {e}") from None
+        fields = {"allocator": "allocation.name", "estimator": "estimator"}
+        given = ", ".join(f"config.{fields.get(k, 'allocation.' + k)}={v!r}"
+                          for k, v in method_overrides(c).items() if v is not None)
+        raise ValueError(f"config.method={c.method!r}" + (f" with {given}" if given else "")
+                         + f" is invalid: {e}") from None
     _check(c.aggregation in AGGREGATIONS, "aggregation", c.aggregation, f"one of {AGGREGATIONS}")
     _check(_int(c.loss_norm_length) and c.loss_norm_length >= 0, "loss_norm_length",
            c.loss_norm_length, "an integer >= 0")
