@@ -38,7 +38,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -209,46 +208,6 @@ def _meta_digest(meta: Mapping[str, Any]) -> str:
     body = {k: v for k, v in meta.items() if k != _META_CHECKSUM_KEY}
     canonical = json.dumps(json.loads(json.dumps(body)), sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def config_meta(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """The JSON form of `config` to store in a checkpoint's meta (see `check_resume_config`)."""
-    return json.loads(config.to_json())
-
-
-def check_resume_config(meta: Mapping[str, Any], config: ml_collections.ConfigDict,
-                        directory: str, resumable: tuple[str, ...]) -> None:
-    """Refuse to continue a checkpoint written under different hyperparameters.
-
-    A resumed run must be the run that was interrupted: silently continuing it with, say, a
-    new learning rate would mix two experiments in one curve. Only the top-level fields in
-    `resumable` (step counts, logging) may differ. Raises `CheckpointError` listing each
-    changed field (stored -> current).
-    """
-    if "config" not in meta:
-        raise CheckpointError(
-            f"the checkpoint in {directory} stores no config, so it cannot be checked against "
-            "this run's; start the run in a new workdir")
-    stored = _flatten(meta["config"])
-    current = _flatten(config_meta(config))
-    changed = sorted(
-        k for k in set(stored) | set(current)
-        if k.split(".")[0] not in resumable and stored.get(k) != current.get(k))
-    if changed:
-        detail = "; ".join(f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in changed)
-        raise CheckpointError(
-            f"the checkpoint in {directory} was written with a different config ({detail}). "
-            "Resume with the original values, or start the changed run in a new workdir.")
 
 
 def _signature_diff(stored: Mapping[str, list], target: Mapping[str, list]) -> list[str]:

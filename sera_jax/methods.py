@@ -61,6 +61,14 @@ class Method:
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
 
     @property
+    def two_stage(self) -> bool:
+        """The allocator needs in-step pilot outcomes (`pilot_successes`): usable where the
+        caller draws a pilot first (the allocation lab), not by the LM trainer."""
+        from sera_jax.allocation.beyond import TWO_STAGE
+
+        return self.allocator in TWO_STAGE
+
+    @property
     def kappa_shift(self) -> int:
         """s of κ(p, N, s) for this method's estimator (1 centered, 0 conditional)."""
         shift = ADVANTAGE_ESTIMATORS[self.estimator].kappa_shift

@@ -7,6 +7,7 @@ import ml_collections
 import pytest
 
 from sera_jax import config_files
+from sera_jax import methods as methods_lib
 from sera_jax.rl import config as rl_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,17 +23,18 @@ def test_paper_configs_extend_their_cpu_sibling():
     paper = config_files.get_config(os.path.join(ROOT, "configs", "maze", "maze17_paper.py"))
     cpu = config_files.get_config(os.path.join(ROOT, "configs", "maze", "cpu.py"))
     assert paper.task.size == 17 and cpu.task.size != 17
-    assert sorted(paper.methods.keys()) == sorted(cpu.methods.keys())
+    assert sorted(paper.keys()) == sorted(cpu.keys())
 
 
-def test_comparison_methods_are_valid_trainer_overrides():
-    for overrides in rl_config.comparison_methods().values():
-        config = rl_config.get_config()
-        config.update_from_flattened_dict(
-            {f"allocation.{k}": v for k, v in overrides.get("allocation", {}).items()})
-        if "estimator" in overrides:
-            config.estimator = overrides.estimator
-        rl_config.validate(config)  # raises ValueError naming a bad field
+@pytest.mark.parametrize("name", sorted(methods_lib.METHODS))
+def test_every_method_is_a_valid_trainer_config(name):
+    config = rl_config.with_method(rl_config.get_config(), name)
+    if methods_lib.get_method(name).two_stage:
+        with pytest.raises(ValueError, match="in-step pilot"):
+            rl_config.validate(config)
+        return
+    rl_config.validate(config)  # raises ValueError naming a bad field
+    assert rl_config.method(config) == methods_lib.get_method(name)  # resolving is idempotent
 
 
 def test_missing_config_file_is_named(tmp_path):

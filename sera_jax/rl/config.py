@@ -181,6 +181,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
                           for k, v in method_overrides(c).items() if v is not None)
         raise ValueError(f"config.method={c.method!r}" + (f" with {given}" if given else "")
                          + f" is invalid: {e}") from None
+    _check(not method(c).two_stage, "method", c.method,
+           "a method the LM trainer can run: this one allocates from in-step pilot rollouts "
+           "(the allocation lab runs it)")
     _check(c.aggregation in AGGREGATIONS, "aggregation", c.aggregation, f"one of {AGGREGATIONS}")
     _check(_int(c.loss_norm_length) and c.loss_norm_length >= 0, "loss_norm_length",
            c.loss_norm_length, "an integer >= 0")
