@@ -8,24 +8,25 @@ over candidate answers on paired seeds (`sera_jax.lab`); writes summary.md (prin
 final.csv, regime.csv, results.npz and figures to --workdir.
 """
 
-from absl import app, flags, logging
+import os
+
+from absl import flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a get_config() file.",
-                                          lock_config=True)
+from sera_jax.studies import common
+
+_DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "configs", "allocation_lab", "cpu.py")
+_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "Path to a get_config() file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
-flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    del argv
     from sera_jax.lab import study  # after flag parsing: importing jax is slow
 
-    logging.info("config:\n%s", _CONFIG.value)
-    result = study.run(_CONFIG.value, _WORKDIR.value)
-    print(result["summary"])
+    common.main(lambda: print(study.run(_CONFIG.value, _WORKDIR.value)["summary"]))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    common.run_app(main, _DEFAULT)

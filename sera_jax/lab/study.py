@@ -35,6 +35,7 @@ from absl import logging
 
 from sera_jax import methods as methods_lib
 from sera_jax.lab import stats, train
+from sera_jax.studies import common
 
 SPLITS = ("train", "held-out")
 
@@ -266,7 +267,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     names = list(config.methods)
     for n in names + list(config.maze_cell.methods) + list(config.regime.methods) + [ref]:
         methods_lib.get_method(n)  # fail fast on an unknown name, before any work
-    os.makedirs(workdir, exist_ok=True)
+    workdir = common.prepare_workdir(workdir)
     setup = train.setup_from_config(config)
     law = config.difficulty
     runners: dict = {}
