@@ -153,3 +153,32 @@ def test_read_jsonl_drops_only_a_torn_last_line(tmp_path):
         f.write(b'{"step": 1}\n\xff\xfe\n')
     with pytest.raises(ValueError, match="not UTF-8"):
         read_jsonl(path)
+
+
+def test_disk_full_mid_run_is_one_error_and_the_previous_checkpoint_survives(tmp_path,
+                                                                              monkeypatch):
+    """ENOSPC while saving step 2: the loop ends with the checkpoint module's one
+    CheckpointError (no secondary error from closing the writer or the manager), the step-1
+    checkpoint restores, and the records stop where the work stopped."""
+    import errno
+
+    task = EmitTask({"train": 6, "eval": 2})
+    config = small_config(num_steps=4, checkpoint_every=1)
+    real_save = Checkpointer.save
+
+    def save(self, step, *args, **kwargs):
+        if step == 2:
+            def full(*a, **k):
+                raise OSError(errno.ENOSPC, "No space left on device", self.directory)
+            monkeypatch.setattr(self._manager, "save", full)
+        return real_save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(Checkpointer, "save", save)
+    with pytest.raises(CheckpointError, match="disk is full") as err:
+        rl_run(config, task, tiny_model(seed=3), tmp_path)
+    assert err.value.__context__ is None or not isinstance(err.value.__context__, CheckpointError)
+    monkeypatch.setattr(Checkpointer, "save", real_save)
+    with Checkpointer(tmp_path / "checkpoints") as ckpt:
+        assert ckpt.all_steps() == [1]
+    resumed = rl_run(config, task, tiny_model(seed=3), tmp_path)  # space is back: it resumes
+    assert (resumed.resumed_from, resumed.step) == (1, 4)
