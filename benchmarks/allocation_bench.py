@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from published_numpy import allocate_published  # noqa: E402
 
-from experiments.allocation_demo import synthetic_success_probs  # noqa: E402
 from sera_jax.allocation import allocate  # noqa: E402
+from sera_jax.studies.allocation_demo import synthetic_success_probs  # noqa: E402
 
 
 def sorted_kappa(p: np.ndarray, counts: np.ndarray, shift: int = 1) -> np.ndarray:

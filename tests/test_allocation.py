@@ -443,6 +443,81 @@ def test_million_prompts():
     assert int(alloc.counts.sum()) == (1 << 20) * 128
 
 
+# --------------------------------------------------------------------------- int32 range
+# Counts are int32; sums over the batch (units below a level, n_max · #prompts at n_max)
+# reach P·n_max, which passes 2**31 long before the budget does. The budget identity must
+# hold for every accepted input of every allocator (issue 14, item 1).
+
+INT32_MAX = 2**31 - 1
+RULES = [("sera", dict(mode=m, rounding=r)) for m in ("dynamic", "equalized")
+         for r in ("leximin", "paper")] + [("sera", dict(mode="uniform"))] + [
+    (name, {}) for name in ("uniform", "inverse_p", "knapsack", "hit_utility")]
+RULE_IDS = [f"{n}-{'-'.join(o.values())}" if o else n for n, o in RULES]
+P8 = np.array([0.0, 1e-12, 1e-6, 0.02, 0.3, 0.5, 0.97, 1.0])
+WIDE = {  # all of P = 8 without NaN: one compilation per rule and float width
+    # P·n_max = 1.7e10, a budget 10**7 times smaller: n_max far above any count.
+    "n_max_far_above_budget": (P8, 8 * 16, 2, INT32_MAX),
+    # Every sum of counts is near 2**31: the budget at the int32 limit.
+    "budget_at_int32_limit": (P8, INT32_MAX, 2, INT32_MAX),
+    # One prompt (p = 0) takes almost all of it, the others (p = 1) stay at n_min.
+    "budget_near_limit_one_prompt": (np.array([0.0] + [1.0] * 7), INT32_MAX - 1000, 2,
+                                     INT32_MAX),
+    "budget_near_limit_uneven": (np.array([1e-6, 0.5, 0.999, 0.3, 0.3, 1.0, 0.9, 0.02]),
+                                 INT32_MAX - 7, 3, 2**31 - 2),
+    # P·n_max just past 2**31 with a budget far below it.
+    "p_n_max_just_past": (P8, 8 * 1000, 2, 2**28 + 1),
+}
+
+
+@pytest.mark.parametrize("x64", [False, True], ids=["f32", "x64"])
+@pytest.mark.parametrize(("name", "options"), RULES, ids=RULE_IDS)
+def test_budget_identity_past_int32(name, options, x64):
+    with jax.enable_x64(x64):
+        for case, (p, budget, n_min, n_max) in WIDE.items():
+            alloc = get_allocator(name)(p, budget, n_min=n_min, n_max=n_max, **options)
+            assert int(np.asarray(alloc.counts, np.int64).sum()) == budget, case
+            check_contract(alloc, p, budget, n_min, n_max)
+
+
+@st.composite
+def wide_instances(draw):
+    """(p, budget, n_min, n_max) with P·n_max > 2**31; budgets anywhere up to the limit."""
+    p = np.array(draw(st.lists(prob, min_size=1, max_size=8)))
+    n_min = draw(st.integers(2, 4))
+    past = min(2**31 // len(p) + 1, INT32_MAX)  # P·n_max > 2**31 (but for P = 1)
+    n_max = draw(st.one_of(st.just(INT32_MAX), st.integers(past, INT32_MAX)))
+    top = min(len(p) * n_max, INT32_MAX)
+    budget = draw(st.one_of(st.integers(len(p) * n_min, len(p) * n_min + 64),
+                            st.integers(len(p) * n_min, top), st.integers(top - 64, top)))
+    return p, budget, n_min, n_max
+
+
+@settings(SETTINGS, max_examples=12)
+@given(inst=wide_instances())
+@pytest.mark.parametrize(("name", "options"), RULES, ids=RULE_IDS)
+def test_budget_identity_property_past_int32(name, options, inst):
+    p, budget, n_min, n_max = inst
+    alloc = get_allocator(name)(p, budget, n_min=n_min, n_max=n_max, **options)
+    check_contract(alloc, p, budget, n_min, n_max)
+
+
+def test_budget_identity_large_batch_past_int32():
+    # `experiments.allocation_demo --num_prompts=65536 --n0=128 --n_max=65536`: the counts
+    # summed to 4,224,909,312 for a budget of 8,388,608.
+    p = np.random.default_rng(0).beta(0.3, 0.3, 1 << 16)
+    alloc = allocate(p, 128 << 16, n_min=2, n_max=1 << 16)
+    check_contract(alloc, p, 128 << 16, 2, 1 << 16)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "options"), RULES, ids=RULE_IDS)
+def test_budget_identity_million_prompts_past_int32(name, options):
+    # The issue's example: P·n_max = 4.1e9; the counts summed to 3,942,178,816.
+    p = np.random.default_rng(0).beta(0.3, 0.3, 10**6)
+    alloc = get_allocator(name)(p, 8_000_000, n_min=2, n_max=4096, **options)
+    check_contract(alloc, p, 8_000_000, 2, 4096)
+
+
 # --------------------------------------------------------------------------- bad input
 
 OK = dict(n_min=2, n_max=8)

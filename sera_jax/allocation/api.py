@@ -1,0 +1,227 @@
+"""The public allocators (layer 4 of ``sera_jax.allocation``): ``waterline``, ``allocate``
+(SERA), the peers ``uniform``, ``inverse_p``, ``knapsack``, ``hit_utility`` and their
+registry ``ALLOCATORS``. Import them from ``sera_jax.allocation``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+from jax.typing import ArrayLike
+
+from sera_jax.allocation._engine import Allocation, _is_traced, _prepare, _run, _waterline_core
+from sera_jax.allocation.beyond import posterior, sequential
+
+__all__ = [
+    "ALLOCATORS",
+    "ALLOCATOR_OPTIONS",
+    "Allocation",
+    "allocate",
+    "check_options",
+    "get_allocator",
+    "hit_utility",
+    "inverse_p",
+    "knapsack",
+    "uniform",
+    "waterline",
+]
+
+_MODES = ("dynamic", "equalized", "uniform")
+_ROUNDINGS = ("leximin", "paper")
+
+
+def waterline(
+    p: ArrayLike, budget: int, n_min: int, n_max: int, shift: int = 1
+) -> tuple[Array, Array, Array]:
+    """Bounded continuous SERA solution ``(τ*, κ*, N(τ*))`` (SERA_SPEC §3).
+
+    ``N_q(τ) = clip(s + τ/λ_q, n_min, n_max)`` with ``λ_q = -log(1 - p_q)``, and ``τ*`` the
+    smallest root of ``Σ_q N_q(τ) = B`` (``τ* = min_q (n_min - s) λ_q`` when
+    ``B = P·n_min``); ``κ* = 1 - exp(-τ*)``. Exact: the final step solves the linear
+    equation of the piece that contains the root, so ``Σ N_q = B`` up to float rounding.
+    Without active bounds this is the closed form ``τ* = (B - sP) / Σ_q 1/λ_q``.
+    """
+    p_pad, num, (n, b, lo, hi), _ = _prepare(p, budget, n_min, n_max, shift, allow_nan=False)
+    tau, kstar, cont = _waterline_core(p_pad, n, b, lo, hi, shift)
+    return tau, kstar, cont[:num]
+
+
+def allocate(
+    p: ArrayLike,
+    budget: int,
+    *,
+    n_min: int,
+    n_max: int,
+    mode: str = "dynamic",
+    rounding: str = "leximin",
+    shift: int = 1,
+    threshold: float = 0.05,
+    unseen: str = "fill",
+) -> Allocation:
+    """SERA: integer rollout counts maximising ``min_q κ(p_q, N_q)`` leximin (SERA_SPEC §3).
+
+    Args:
+      p: float[P] success estimates in [0, 1]; NaN marks an unseen prompt.
+      budget: total rollouts B (an int in [P·n_min, P·n_max]), spent exactly.
+      n_min, n_max: bounds for an active prompt (``n_min >= shift + 1``).
+      mode: ``"dynamic"`` [paper default] top-k prompts by ``u(p, n_max)`` with the largest
+        k such that every active prompt keeps ``u(p, N_q) >= threshold``; the rest get 0.
+        ``"equalized"``: every prompt active. ``"uniform"``: ``B/P`` each (plain MaxRL).
+      rounding: ``"leximin"`` exact leximin-optimal integers (no single rollout moved
+        between two prompts within bounds raises the smaller of their κ);
+        ``"paper"``: floor + the published smallest-squared-error rounding.
+      shift: 1 for the centered estimator, 0 for the conditional one.
+      threshold: θ of the dynamic mode.
+      unseen: NaN policy. ``"fill"`` [ours]: unseen prompts get ``B/P`` (rounded, split
+        evenly) and the seen ones share the rest; ``"fallback"`` [paper]: any NaN makes
+        the whole batch uniform; ``"error"``: NaN raises ValueError.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    if rounding not in _ROUNDINGS:
+        raise ValueError(f"rounding must be one of {_ROUNDINGS}, got {rounding!r}")
+    return _run(mode, p, budget, n_min=n_min, n_max=n_max, shift=shift, unseen=unseen,
+                rounding=rounding, threshold=threshold)
+
+
+def uniform(p: ArrayLike, budget: int, *, n_min: int, n_max: int, shift: int = 1,
+            unseen: str = "fill") -> Allocation:
+    """Plain MaxRL: ``floor(B/P)`` rollouts each, one more for the first ``B mod P`` prompts."""
+    return _run("uniform", p, budget, n_min=n_min, n_max=n_max, shift=shift, unseen=unseen)
+
+
+def inverse_p(p: ArrayLike, budget: int, *, n_min: int, n_max: int, shift: int = 1,
+              unseen: str = "fill") -> Allocation:
+    """Reinforce-Ada-Est (code version): ``n_q = 1 + (B - P)(1/p_q) / Σ_j 1/p_j``.
+
+    Counts are clipped to ``[n_min, n_max]`` by re-solving for the scale (the same exact
+    waterline as SERA with ``λ -> p``, ``s = 1``), then rounded by largest remainder with
+    ties by index. ``p = 0`` gets ``n_max``.
+    """
+    if not _is_traced(n_min) and n_min < 2:
+        raise ValueError(f"inverse_p needs n_min >= 2 (its formula is 1 + ...), got n_min={n_min}")
+    return _run("inverse_p", p, budget, n_min=n_min, n_max=n_max, shift=shift, unseen=unseen)
+
+
+def knapsack(p: ArrayLike, budget: int, *, n_min: int, n_max: int, shift: int = 1,
+             unseen: str = "fill") -> Allocation:
+    """Knapsack-RL: maximise ``Σ_q V(N_q, p_q)``, ``V = [1 - p^N - (1-p)^N] p (1-p)^2``.
+
+    ``V`` is concave in N (its increments ``p(1-p)^2 [p^N(1-p) + (1-p)^N p]`` decrease), so
+    the greedy on marginal gains returns the optimum of the published dynamic programme
+    (checked against the DP in the tests) in O(P · 32 · log2(n_max - n_min)) instead of
+    O(P · B · n_max). Prompts with p in {0, 1} have V = 0 and get the leftovers evenly.
+    """
+    return _run("knapsack", p, budget, n_min=n_min, n_max=n_max, shift=shift, unseen=unseen)
+
+
+def hit_utility(
+    p: ArrayLike, budget: int, *, n_min: int, n_max: int, shift: int = 1, unseen: str = "fill",
+    alpha: ArrayLike | None = None, beta: ArrayLike | None = None, pseudo_count: float = 4.0,
+) -> Allocation:
+    """HORA: maximise ``Σ_q [1 - B(α_q, β_q + N_q) / B(α_q, β_q)]`` (expected hits).
+
+    Each term is the posterior probability of at least one success in ``N_q`` rollouts,
+    concave in N, so the greedy on marginal gains ``E[(1-p)^N p]`` is optimal. ``alpha``,
+    ``beta`` are Beta posterior parameters per prompt (e.g. from the success history);
+    without them ``α = 0.5 + c·p̂``, ``β = 0.5 + c·(1 - p̂)`` with ``c = pseudo_count``
+    (a Jeffreys prior plus c pseudo-observations at the estimate).
+    """
+    if (alpha is None) != (beta is None):
+        raise ValueError("alpha and beta must be given together (Beta posterior parameters)")
+    if not pseudo_count > 0:
+        raise ValueError(f"pseudo_count must be > 0, got {pseudo_count!r}")
+    if alpha is None:
+        ph = jnp.asarray(p, jnp.result_type(float))
+        alpha = 0.5 + pseudo_count * ph
+        beta = 0.5 + pseudo_count * (1.0 - ph)
+    elif not (_is_traced(alpha) or _is_traced(beta)):
+        for name, x in (("alpha", alpha), ("beta", beta)):
+            x = np.asarray(x, np.float64)
+            if x.shape != np.shape(p):
+                raise ValueError(f"{name} must have the shape of p {np.shape(p)}, got {x.shape}")
+            if not np.all(np.isfinite(x) & (x > 0)):
+                raise ValueError(f"{name} must be finite and > 0 (Beta parameters)")
+    return _run("hit_utility", p, budget, n_min=n_min, n_max=n_max, shift=shift, unseen=unseen,
+                alpha=alpha, beta=beta)
+
+
+#: Options each registered allocator takes besides the shared
+#: ``(p, budget, *, n_min, n_max, shift, unseen)``.
+ALLOCATOR_OPTIONS: dict[str, tuple[str, ...]] = {
+    "sera": ("mode", "rounding", "threshold"),
+    "uniform": (),
+    "inverse_p": (),
+    "knapsack": (),
+    "hit_utility": ("alpha", "beta", "pseudo_count"),
+    # Beyond the paper (sera_jax.allocation.beyond).
+    "posterior": ("alpha", "beta", "pseudo_count"),
+    "sequential": ("pilot_successes", "pilot", "alpha", "beta", "pseudo_count", "rounding",
+                   "second_stage"),
+}
+
+
+def check_options(name: str, options: Any) -> None:
+    """Raise ValueError unless ``name`` is a registered allocator that uses every option.
+
+    An option an allocator does not use is an error, never dropped: a user who asks for
+    ``mode="equalized"`` from ``uniform`` must learn that it has no effect.
+    """
+    if name not in ALLOCATOR_OPTIONS:
+        raise ValueError(f"unknown allocator {name!r}; valid names: {sorted(ALLOCATOR_OPTIONS)}")
+    unused = sorted(set(options) - set(ALLOCATOR_OPTIONS[name]))
+    if unused:
+        takes = ", ".join(ALLOCATOR_OPTIONS[name]) or "none"
+        raise ValueError(f"allocator {name!r} does not use option(s) {unused} (its options: "
+                         f"{takes}); remove them or choose an allocator that uses them")
+    choices = {"mode": _MODES, "rounding": _ROUNDINGS}
+    for key, allowed in choices.items():
+        if key in options and options[key] not in allowed:
+            raise ValueError(f"allocator {name!r}: {key}={options[key]!r}; allowed: {allowed}")
+    if "threshold" in options and options.get("mode", "dynamic") != "dynamic":
+        raise ValueError(f"allocator {name!r}: threshold is used only by mode='dynamic', not "
+                         f"mode={options['mode']!r}; remove it")
+    if "threshold" in options:
+        t = options["threshold"]
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0.0 <= float(t) <= 1.0:
+            raise ValueError(f"allocator {name!r}: threshold={t!r}; allowed: a number in [0, 1]")
+
+
+def _registered(name: str, fn: Callable[..., Allocation]) -> Callable[..., Allocation]:
+    """``fn`` behind the one allocator signature, refusing options it does not use."""
+
+    @functools.wraps(fn)
+    def allocator(p: ArrayLike, budget: int, *, n_min: int, n_max: int, shift: int = 1,
+                  unseen: str = "fill", **options: Any) -> Allocation:
+        check_options(name, options)
+        return fn(p, budget, n_min=n_min, n_max=n_max, shift=shift, unseen=unseen, **options)
+
+    return allocator
+
+
+#: Every allocator as ``f(p, budget, *, n_min, n_max, shift=1, unseen="fill", **options)``;
+#: the options each takes are ``ALLOCATOR_OPTIONS[name]``. Compared *methods* (an allocator
+#: with options, multiplicity and estimator) are in ``sera_jax.methods``.
+ALLOCATORS: dict[str, Callable[..., Allocation]] = {
+    "sera": _registered("sera", allocate),
+    "uniform": _registered("uniform", uniform),
+    "inverse_p": _registered("inverse_p", inverse_p),
+    "knapsack": _registered("knapsack", knapsack),
+    "hit_utility": _registered("hit_utility", hit_utility),
+    "posterior": _registered("posterior", posterior),
+    "sequential": _registered("sequential", sequential),
+}
+
+
+def get_allocator(name: str) -> Callable[..., Allocation]:
+    """The allocator registered as ``name`` (the one signature of ``ALLOCATORS``)."""
+    try:
+        return ALLOCATORS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown allocator {name!r}; valid names: {sorted(ALLOCATORS)}") from None
