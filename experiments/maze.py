@@ -1,11 +1,14 @@
-r"""Maze navigation: SFT from scratch, then RL of each method x seed, then the comparison.
+r"""Maze navigation: SFT from scratch, then RL of each method x seed and the null control,
+then the paired comparison with CIs and the noise floor.
 
     python -m experiments.maze --config=configs/maze/cpu.py --workdir=/tmp/maze_cpu
     python -m experiments.maze --config=configs/maze/cpu.py --workdir=... --stage=rl \
         --methods=sera --seeds=0 --config.rl.num_steps=100
+    python -m experiments.maze --config=configs/maze/regime_map.py --workdir=... --stage=regime
 
 Stages: `sft`, `rl`, `eval` (aggregate), `all` (default) = sft + rl + eval, `compare` =
-rl + eval; each resumes or skips finished work. The recipe is `sera_jax.studies.maze`.
+rl + eval, `regime` = the regime map; each resumes or skips finished work. The recipe is
+`sera_jax.studies.maze`.
 """
 
 import os
@@ -19,7 +22,7 @@ _DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
                         "configs", "maze", "cpu.py")
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "Experiment config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (resumable).")
-_STAGE = flags.DEFINE_enum("stage", "all", ("sft", "rl", "eval", "all", "compare"),
+_STAGE = flags.DEFINE_enum("stage", "all", ("sft", "rl", "eval", "all", "compare", "regime"),
                            "Which stage(s) to run.")
 _METHODS = flags.DEFINE_string("methods", None, "Comma list of methods (sera_jax.methods; "
                                "default: config.compare.methods).")

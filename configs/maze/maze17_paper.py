@@ -2,7 +2,12 @@
 1500 x 32, then 3000 RL steps of 256 prompts x N0 128 (n_min 2, n_max 512, AdamW lr 1e-4,
 T = 1.0, responses <= 180 tokens) on 7,424 training mazes; evaluation with 2048 samples
 per held-out maze. Sized for an accelerator pod: set `rl.mesh` to the slice, e.g.
-`--config.rl.mesh.data=-1 --config.rl.mesh.fsdp=4`.
+`--config.rl.mesh.data=-1 --config.rl.mesh.fsdp=4`. One command runs it end to end:
+
+    python -m experiments.maze --config=configs/maze/maze17_paper.py --workdir=...
+
+and `python -m experiments.maze_smoke --config=configs/maze/maze17_paper.py --steps=3`
+times a few RL steps of it (step time, tokens/s) on whatever accelerator is attached.
 """
 
 import ml_collections
@@ -51,5 +56,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.curve_samples = 256
     c.eval.every = 250
     c.eval.num_prompts = 256
+    c.eval.train_prompts = 256  # training mazes scored for realised κ (ids < 256)
     c.eval.batch_size = 8192
     return c

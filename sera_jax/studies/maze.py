@@ -104,9 +104,16 @@ def make_mesh(cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:
 def run_config(cfg: ml_collections.ConfigDict, method: str, seed: int
                ) -> ml_collections.ConfigDict:
     """The resolved trainer config of one run: `cfg.rl` for `method` (user overrides on top of
-    the method preset take effect or raise), seed set. `method == NULL` is uniform with
-    `shuffle_rewards = True` (the null control)."""
-    rl = rl_config.with_method(cfg.rl, "uniform" if method == NULL else method)
+    the method preset take effect or raise), seed set. `method == NULL` is the null control:
+    uniform (the method overrides of `rl.allocation.*` / `rl.estimator` do not apply to it)
+    with `shuffle_rewards = True`."""
+    base = cfg.rl
+    if method == NULL:  # plain uniform MaxRL, whatever overrides the compared methods use
+        base = ml_collections.ConfigDict(cfg.rl.to_dict())
+        for key in ("name", "mode", "rounding", "threshold", "multiplicity"):
+            base.allocation[key] = None
+        base.estimator = None
+    rl = rl_config.with_method(base, "uniform" if method == NULL else method)
     rl.seed = int(seed)
     if method == NULL:
         rl.shuffle_rewards = True
@@ -336,13 +343,14 @@ def _eval_fingerprint(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
 def sft_points(cfg: ml_collections.ConfigDict, sft_dir: str, mesh=None, model=None
                ) -> dict[tuple[int, int, int], dict[str, Any]]:
     """The SFT policy scored at every evaluation point with that point's keys (curve size;
-    final size too at the last step) and at the last step with the noise key set:
+    final size too at the first and last steps) and at the last step with the noise key set:
     `{(step, n, key_seed): record}`, each cached in `sft/crn/` under the fingerprint of the
     SFT checkpoint and of what it measures (the model is loaded only when one is missing)."""
     t = int(cfg.rl.num_steps)
     wanted = [(s, int(cfg.eval.curve_samples), int(cfg.eval.seed)) for s in eval_steps(cfg)]
     wanted += [(t, int(cfg.eval.num_samples), int(cfg.eval.seed)),
-               (t, int(cfg.eval.num_samples), int(cfg.eval.noise_seed))]
+               (t, int(cfg.eval.num_samples), int(cfg.eval.noise_seed)),
+               (0, int(cfg.eval.num_samples), int(cfg.eval.seed))]  # the SFT histogram
     wanted = list(dict.fromkeys(wanted))
     os.makedirs(os.path.join(sft_dir, "crn"), exist_ok=True)
     sft_step = latest_sft_step(sft_dir)
@@ -458,8 +466,6 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
     if sft_eval.get("fingerprint", {}).get("sft_step") != sft_step:
         raise common.StudyError(f"{sft_eval_path} does not evaluate the SFT checkpoint "
                                 f"(step {sft_step}); run --stage=sft again")
-    start = sft_points(cfg, sft_dir, mesh, model)[(0, int(cfg.eval.curve_samples),
-                                                   int(cfg.eval.seed))]
     trainer = trainer_lib.Trainer(rl, task, model, mesh)
     program = RecordingProgram(trainer, model)
     counter = common.RolloutCounter(out, trainer.budget)
@@ -469,6 +475,9 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
         counter.on_start(step, state)
         write_jsonl(alloc_path, [r for r in read_jsonl(alloc_path) if r["step"] <= step])
         if step == 0 and not read_jsonl(os.path.join(out, loop.EVAL_RECORDS)):
+            # The SFT start scored with the step-0 keys (cached; after the resume check).
+            start = sft_points(cfg, sft_dir, mesh, model)[
+                (0, int(cfg.eval.curve_samples), int(cfg.eval.seed))]
             common.append_eval(out, {**start, "rollouts": 0, "tokens": 0})
 
     def record(step: int, metrics: dict) -> dict[str, Any]:
@@ -533,11 +542,13 @@ def allocation_diagnostics(allocs: list[dict], curve: list[dict], shift: int
     is taken from the training-maze evaluation at the latest evaluation point <= t − 1
     (`p = c/n`). Over the active prompts with an estimate: believed κ = κ(p̂_q, N_q),
     realised κ = κ(p_q, N_q), `κ(p, N) = 1 − (1 − p)^(N − shift)`; per step the min and the
-    mean, then the mean over steps. Also: the share of all generated rollouts spent on mazes
-    never solved by any of the run's training rollouts, and the mean fraction of mixed groups.
+    mean, then the mean over steps (`kappa_true_min_solvable`: the min over mazes with
+    p > 0, since a maze the policy never solves has κ = 0 whatever its N). Also: the share
+    of all generated rollouts spent on mazes never solved by any of the run's training
+    rollouts, and the mean fraction of mixed groups.
     """
     points = sorted((r["step"], r["train"]) for r in curve if "train" in r)
-    believed_min, believed_mean, true_min, true_mean = [], [], [], []
+    believed_min, believed_mean, true_min, true_mean, solvable_min = [], [], [], [], []
     total, successes, spent = 0, {}, {}
     mixed = []
     for a in allocs:
@@ -567,10 +578,13 @@ def allocation_diagnostics(allocs: list[dict], curve: list[dict], shift: int
                 k_t = analytic_pass_at_k(p_true, np.maximum(counts[covered] - shift, 0))
                 true_min.append(float(k_t.min()))
                 true_mean.append(float(k_t.mean()))
+                if (p_true > 0).any():
+                    solvable_min.append(float(k_t[p_true > 0].min()))
     never = sum(spent[q] for q in spent if successes[q] == 0)
     mean = lambda v: float(np.mean(v)) if v else None  # noqa: E731
     return {"kappa_believed_min": mean(believed_min), "kappa_believed_mean": mean(believed_mean),
             "kappa_true_min": mean(true_min), "kappa_true_mean": mean(true_mean),
+            "kappa_true_min_solvable": mean(solvable_min),
             "mixed_fraction": mean(mixed),
             "never_solved_share": float(never / total) if total else None,
             "never_solved_mazes": int(sum(successes[q] == 0 for q in successes))}
@@ -578,7 +592,7 @@ def allocation_diagnostics(allocs: list[dict], curve: list[dict], shift: int
 
 def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[str],
               seeds: Sequence[int], sft_dir: str | None = None, mesh=None,
-              plots: bool = True) -> dict[str, Any]:
+              plots: bool = True, results_dir: str | None = None) -> dict[str, Any]:
     """Collect finished runs -> `results/comparison.{json,md}` and figures; returns the dict.
 
     Spread = sample standard deviation over seeds (and min / max in the JSON). Paired
@@ -587,7 +601,7 @@ def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[st
     control ran and stays within the noise floor of SFT at every k.
     """
     sft_dir = sft_dir or os.path.join(workdir, "sft")
-    results_dir = os.path.join(workdir, "results")
+    results_dir = results_dir or os.path.join(workdir, "results")
     os.makedirs(results_dir, exist_ok=True)
     sft_eval = read_json(os.path.join(sft_dir, "eval.json"))
     num_steps, n = int(cfg.rl.num_steps), int(cfg.eval.num_samples)
@@ -652,7 +666,8 @@ def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[st
                                                         for r in runs])
         for field in ("rollouts", "tokens", "reward_mean_last", "kappa_believed_min",
                       "kappa_believed_mean", "kappa_true_min", "kappa_true_mean",
-                      "mixed_fraction", "never_solved_share", "never_solved_mazes"):
+                      "kappa_true_min_solvable", "mixed_fraction", "never_solved_share",
+                      "never_solved_mazes"):
             vals = [r[field] for r in runs]
             entry[field] = _summary(vals) if all(v is not None for v in vals) else None
         table["methods"][arm] = entry
@@ -764,15 +779,16 @@ def comparison_markdown(table: dict[str, Any]) -> str:
             "noise alone moves the policy that far, so the comparison is *not* reported as a "
             "result."))
     lines += ["", "**What the allocator did** (mean over steps, then mean ± std over seeds):",
-              "", "| method | κ_min believed | κ_min realised | κ_mean believed | κ_mean "
-              "realised | mixed groups | budget on never-solved mazes | training reward |",
-              "|---|---|---|---|---|---|---|---|"]
+              "", "| method | κ_min believed | κ_min realised | κ_min realised (p > 0) | "
+              "κ_mean believed | κ_mean realised | mixed groups | budget on never-solved "
+              "mazes | training reward |", "|---|---|---|---|---|---|---|---|---|"]
     for method, e in table["methods"].items():
         def f(field: str, e: dict = e) -> str:
             v = e.get(field)
             return "–" if v is None else f"{v['mean']:.2f} ± {v['std']:.2f}"
 
         lines.append(f"| {method} | {f('kappa_believed_min')} | {f('kappa_true_min')} | "
+                     f"{f('kappa_true_min_solvable')} | "
                      f"{f('kappa_believed_mean')} | {f('kappa_true_mean')} | "
                      f"{f('mixed_fraction')} | {f('never_solved_share')} | "
                      f"{f('reward_mean_last')} |")
@@ -902,22 +918,28 @@ def cell_name(cell: tuple[int, int, int]) -> str:
 
 def stage_regime(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, Any]:
     """The regime map: per cell (P, N0, n_max) the comparison of `regime.methods` with
-    `regime.seeds` in `regime/<cell>/` from the shared SFT stage, then
+    `regime.seeds` in `regime/<cell>/` from the shared SFT stage (the cell of the config's
+    own shape runs in the workdir itself, so a finished default comparison is reused), then
     `results/regime_map.{json,md,png}`: SERA − baseline at pass@1 and at the largest k with
     CIs, mixed fraction and κ spread per cell."""
     cells = regime_cells(cfg)
     methods = common.parse_methods(cfg.regime.methods, "regime.methods")
     seeds = common.parse_list(cfg.regime.seeds, int, "regime.seeds")
     sft_dir = os.path.join(workdir, "sft")
+    own = (int(cfg.rl.prompts_per_step), int(cfg.rl.rollouts_per_prompt),
+           int(cfg.rl.allocation.n_max))
     out: dict[str, Any] = {"cells": {}, "methods": methods, "seeds": seeds}
     for cell in cells:
         ccfg = cell_config(cfg, cell)
         cdir = os.path.join(workdir, "regime", cell_name(cell))
+        rdir = os.path.join(cdir, "results")
         t0 = time.perf_counter()
         for seed in seeds:
             for method in methods:
-                stage_rl(ccfg, cdir, method, seed, mesh, sft_dir=sft_dir)
-        table = aggregate(ccfg, cdir, methods, seeds, sft_dir=sft_dir, mesh=mesh, plots=False)
+                stage_rl(ccfg, workdir if cell == own else cdir, method, seed, mesh,
+                         sft_dir=sft_dir)
+        table = aggregate(ccfg, workdir if cell == own else cdir, methods, seeds,
+                          sft_dir=sft_dir, mesh=mesh, plots=False, results_dir=rdir)
         log_timing(workdir, f"regime/{cell_name(cell)}", time.perf_counter() - t0)
         out["cells"][cell_name(cell)] = {
             "P": cell[0], "N0": cell[1], "n_max": cell[2], "paired": table["paired"],
@@ -926,14 +948,19 @@ def stage_regime(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dic
                                                      "never_solved_share")}
                             for m, e in table["methods"].items()},
             "pass_at_k": {m: {k: v["mean"] for k, v in e["pass_at_k"].items()}
-                          for m, e in table["methods"].items()}}
-    results_dir = os.path.join(workdir, "results")
+                          for m, e in table["methods"].items()},
+            "seconds": time.perf_counter() - t0}
+        write_regime(out, os.path.join(workdir, "results"))  # after every cell: partial maps
+    return out
+
+
+def write_regime(out: dict[str, Any], results_dir: str) -> None:
+    """`regime_map.{json,md,png}` of the cells finished so far."""
     os.makedirs(results_dir, exist_ok=True)
     write_json(os.path.join(results_dir, "regime_map.json"), out)
     with open(os.path.join(results_dir, "regime_map.md"), "w") as f:
         f.write(regime_markdown(out))
     plot_regime(out, results_dir)
-    return out
 
 
 def regime_markdown(out: dict[str, Any]) -> str:
@@ -1052,6 +1079,10 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     if stage == "regime":
         validate_regime(cfg)
     workdir = common.prepare_workdir(workdir)
+    if stage in ("rl", "eval", "compare") and not os.path.exists(
+            os.path.join(workdir, "sft", "eval.json")):
+        raise common.StudyError(f"--stage={stage} needs the SFT stage's output in "
+                                f"{os.path.join(workdir, 'sft')}: run --stage=sft first")
     trainer_lib.initialize_distributed(cfg.rl)
     logging.info("JAX process %d of %d, %d devices", jax.process_index(), jax.process_count(),
                  jax.device_count())

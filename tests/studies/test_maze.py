@@ -202,9 +202,9 @@ def test_bad_arguments(tmp_path):
         study.run(cfg, str(afile), "sft", ["sera"], [0])
 
 
-def _binary(*args, timeout=120):
+def _binary(*args, timeout=120, module="experiments.maze"):
     env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "-m", "experiments.maze", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -254,3 +254,237 @@ def test_two_process_maze_binary_initialises_jax_distributed(tmp_path):
         assert f"JAX process {i} of 2" in out, out[-2000:]
     assert os.path.exists(tmp_path / "sft" / "eval.json")
     assert len(read_jsonl(str(tmp_path / "sft" / "train.jsonl"))) == 3  # written once
+
+
+# ----------------------------------------------------------------------------- issue 12:
+# the default pipeline (common random numbers, null control, noise floor, paired CIs)
+
+
+def _key_tuple(key):
+    import jax
+
+    return tuple(np.asarray(jax.random.key_data(key)).ravel().tolist())
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    """The tiny config's default pipeline (uniform, sera, null; SFT at every point; noise
+    floor; CIs), with every evaluation's split, size and key recorded."""
+    import time
+
+    cfg = load_config("tiny")
+    work = str(tmp_path_factory.mktemp("maze_pipeline"))
+    calls = {"sft": [], "rl": []}
+    original = study.eval_lib.evaluate
+    phase = {"now": "sft"}
+
+    def spy(model, task, split, *, num_samples, key, **kwargs):
+        calls[phase["now"]].append((split, num_samples, _key_tuple(key)))
+        return original(model, task, split, num_samples=num_samples, key=key, **kwargs)
+
+    study.eval_lib.evaluate = spy
+    try:
+        t0 = time.perf_counter()
+        study.run(cfg, work, "sft")
+        phase["now"] = "rl"
+        table = study.run(cfg, work, "compare")
+        seconds = time.perf_counter() - t0
+    finally:
+        study.eval_lib.evaluate = original
+    return cfg, work, table, calls, seconds
+
+
+def test_tiny_runs_the_default_pipeline_in_minutes(pipeline):
+    cfg, work, table, _, seconds = pipeline
+    assert seconds < 300
+    saved = json.load(open(os.path.join(work, "results", "comparison.json")))
+    assert saved["valid"] == table["valid"] and saved["null_control"]["ran"]
+    assert set(saved["methods"]) == {"uniform", "sera", study.NULL}
+    ks = [str(k) for k in (1, 2, 4, 8)]
+    for e in saved["methods"].values():
+        for k in ks:  # per seed, per k values
+            assert len(e["pass_at_k"][k]["values"]) == len(e["seeds"]) == 1
+            assert len(e["train_pass_at_k"][k]["values"]) == 1
+        assert e["rollouts"]["mean"] == cfg.rl.num_steps * 8  # matched generated rollouts
+    for split in ("eval", "train"):
+        for k in ks:
+            d = saved["paired"]["sera"][split][k]
+            assert d["lo"] <= d["mean"] <= d["hi"] and d["verdict"] in (
+                "better", "worse", "no difference")
+            assert len(d["per_seed"]) == len(d["per_seed_ci"]) == 1
+            assert saved["noise_floor"][split][k]["floor"] >= 0
+            assert k in saved["vs_sft"][study.NULL][split]
+    assert set(saved["null_control"]["within_floor"]) == set(ks)
+    md = open(os.path.join(work, "results", "comparison.md")).read()
+    assert "noise floor" in md and "null − SFT" in md and "κ_min realised" in md
+    assert os.path.getsize(os.path.join(work, "results", "paired_differences.png")) > 0
+
+
+def test_sft_start_is_scored_with_the_keys_of_every_rl_evaluation(pipeline):
+    cfg, work, _, calls, _ = pipeline
+    sft_keys = set(calls["sft"])
+    assert calls["rl"], "the RL stage evaluated nothing"
+    # Every RL evaluation (every method, seed, point, split) used keys the SFT start was
+    # scored with, at the same sample size: common random numbers, the SFT row included.
+    assert set(calls["rl"]) <= sft_keys
+    steps = study.eval_steps(cfg)
+    assert steps == [0, 2, 3]
+    for step in steps:
+        for split in ("eval", "train"):
+            key = _key_tuple(study.eval_key(cfg.eval.seed, step, split))
+            assert (split, cfg.eval.curve_samples, key) in sft_keys
+            if step > 0:  # every arm x seed evaluated there, with exactly that key
+                assert calls["rl"].count((split, cfg.eval.curve_samples, key)) == 3
+    # The noise floor's second key set is scored for the SFT policy only.
+    noise = _key_tuple(study.eval_key(cfg.eval.noise_seed, cfg.rl.num_steps, "eval"))
+    assert ("eval", cfg.eval.num_samples, noise) in sft_keys
+    assert all(c[2] != noise for c in calls["rl"])
+    # Step 0 of every curve is the SFT start scored with the step-0 keys.
+    start = json.load(open(os.path.join(work, "sft", "crn", "step0_n8_keys1234.json")))
+    for arm in ("uniform", "sera", study.NULL):
+        first = read_jsonl(os.path.join(study.run_dir(work, arm, 0), "eval.jsonl"))[0]
+        assert first["step"] == 0 and first["num_correct"] == start["num_correct"]
+        assert first["train"]["num_correct"] == start["train"]["num_correct"]
+
+
+def test_null_control_shuffles_rewards_only_within_a_batch(pipeline):
+    """`shuffle_rewards`: each step's rewards are a permutation of that step's own verifier
+    scores (nothing crosses batches), drawn from the step key (reproducible), not the
+    identity; the null arm's config sets it, the others do not."""
+    cfg, work, _, _, _ = pipeline
+    from sera_jax.rl import trainer as trainer_lib
+
+    saved = json.load(open(os.path.join(study.run_dir(work, study.NULL, 0), "config.json")))
+    assert saved["rl"]["shuffle_rewards"] is True and saved["rl"]["method"] == "uniform"
+    plain = json.load(open(os.path.join(study.run_dir(work, "uniform", 0), "config.json")))
+    assert "shuffle_rewards" not in plain["rl"]
+
+    task = study.build_task(cfg)
+
+    class Varied:
+        """The tiny maze task with a reward that varies within a batch (the tiny policy never
+        solves a maze): 1 when the completion has an even length."""
+
+        def __getattr__(self, name):
+            return getattr(task, name)
+
+        def score(self, split, ids, completions, truncated):
+            return [float(len(c) % 2 == 0) for c in completions]
+
+    def steps(shuffle, seed=0):
+        rl = study.run_config(cfg, study.NULL if shuffle else "uniform", seed)
+        model = study.build_model(cfg)
+        tr = trainer_lib.Trainer(rl, Varied(), model, study.make_mesh(cfg))
+        state, out = tr.init_state(model), []
+        for _ in range(3):
+            state, _, r = tr.step(state, return_rollouts=True)
+            true = np.asarray(Varied().score("train", None, [
+                r.completion_tokens[i, :r.lengths[i]] for i in range(len(r.rewards))], None))
+            out.append((r.rewards.copy(), true))
+        return out
+
+    shuffled, again, plain_steps = steps(True), steps(True), steps(False)
+    moved = 0
+    for (rewards, true), (rewards2, _) in zip(shuffled, again):
+        np.testing.assert_array_equal(np.sort(rewards), np.sort(true))  # within the batch
+        np.testing.assert_array_equal(rewards, rewards2)  # a pure function of the step key
+        moved += int(np.any(rewards != true))
+    assert moved >= 1
+    for rewards, true in plain_steps:
+        np.testing.assert_array_equal(rewards, true)
+    # The permutation itself: a function of the key only, a permutation, key-dependent.
+    import jax
+
+    r = np.arange(64, dtype=np.float32)
+    a = trainer_lib.shuffle_rewards(r, jax.random.key(3))
+    np.testing.assert_array_equal(a, trainer_lib.shuffle_rewards(r, jax.random.key(3)))
+    np.testing.assert_array_equal(np.sort(a), r)
+    assert np.any(a != trainer_lib.shuffle_rewards(r, jax.random.key(4)))
+
+
+def test_allocation_records_and_realised_kappa(pipeline):
+    cfg, work, table, _, _ = pipeline
+    allocs = read_jsonl(os.path.join(study.run_dir(work, "sera", 0), study.ALLOC_RECORDS))
+    assert [a["step"] for a in allocs] == [1, 2, 3]
+    budget = cfg.rl.prompts_per_step * cfg.rl.rollouts_per_prompt
+    assert all(sum(a["counts"]) == budget for a in allocs)
+    assert all(p is None for p in allocs[0]["p_hat"])  # epoch 1: unseen
+    # Realised κ from known success rates: p = 1/2 everywhere, N = 4 -> 1 - 0.5^3.
+    allocs = [{"step": 1, "prompt_ids": [0, 1], "p_hat": [0.5, 0.25], "counts": [4, 4],
+               "successes": [2, 0]}]
+    curve = [{"step": 0, "train": {"num_correct": [4, 4], "num_samples": 8}}]
+    d = study.allocation_diagnostics(allocs, curve, shift=1)
+    assert d["kappa_true_min"] == pytest.approx(1 - 0.5 ** 3)
+    assert d["kappa_believed_min"] == pytest.approx(1 - 0.75 ** 3)
+    assert d["never_solved_share"] == pytest.approx(0.5) and d["mixed_fraction"] == 0.5
+    sera = table["methods"]["sera"]
+    assert sera["never_solved_share"] is not None and sera["kappa_true_min"] is not None
+
+
+def test_paired_bootstrap_and_noise_floor():
+    from sera_jax.studies import compare as cmp
+
+    const = cmp.paired_bootstrap(np.full((3, 10), 0.2), num_resamples=200)
+    assert const["lo"] == pytest.approx(0.2) and const["hi"] == pytest.approx(0.2)
+    rng = np.random.default_rng(0)
+    d = 0.05 + 0.1 * rng.standard_normal((5, 200))
+    e = cmp.paired_bootstrap(d, num_resamples=500, seed=1)
+    assert e["lo"] < d.mean() < e["hi"] and e["lo"] > 0 and len(e["per_seed"]) == 5
+    assert e == cmp.paired_bootstrap(d, num_resamples=500, seed=1)  # explicit seed
+    with pytest.raises(ValueError, match="diffs"):
+        cmp.paired_bootstrap(np.zeros((2, 3, 4)))
+    counts = rng.integers(0, 9, size=40)
+    floor = cmp.noise_floor(counts, counts, 8, [1, 8], num_resamples=200)
+    assert all(v["floor"] == 0 and v["diff"] == 0 for v in floor.values())
+    assert cmp.verdict({"mean": 0.03, "lo": 0.01, "hi": 0.05}, 0.02) == "better"
+    assert cmp.verdict({"mean": 0.03, "lo": 0.01, "hi": 0.05}, 0.04) == "no difference"
+    assert cmp.verdict({"mean": -0.03, "lo": -0.05, "hi": -0.01}, 0.02) == "worse"
+    assert cmp.ks_for(128)[-1] == 128 and cmp.ks_for(12) == [1, 2, 4, 8, 12]
+    v = cmp.per_prompt_pass_at_k([[0, 8], [4, 2]], 8, [1, 8])
+    assert v.shape == (2, 2, 2) and v[1, 0, 1] == 1.0 and v[0, 1, 0] == 0.5
+
+
+def test_default_and_regime_configs_are_the_protocol():
+    cpu = load_config("cpu")
+    assert len(cpu.compare.seeds.split(",")) >= 5 and cpu.compare.null
+    assert cpu.eval.num_samples >= 128 and cpu.eval.curve_samples >= 128
+    assert cpu.eval.train_prompts == cpu.task.num_train
+    assert cpu.rl.prompts_per_step == cpu.task.num_train  # p̂ refreshed every step
+    regime = load_config("regime_map")
+    cells = study.validate_regime(regime)
+    assert len({c[0] for c in cells}) >= 3 and len({c[1] for c in cells}) >= 3
+    assert all(n_max == 8 * n0 for _, n0, n_max in cells)
+    assert len(regime.regime.seeds.split(",")) >= 3
+    bad = load_config("regime_map")
+    bad.regime.prompts_per_step = "8,64"
+    with pytest.raises(common.StudyError, match="regime cell P=64"):
+        study.validate_regime(bad)
+    for field, value, match in (("compare.baseline", "knapsack", "compare.baseline"),
+                                ("compare.bootstrap", 10, "compare.bootstrap"),
+                                ("eval.noise_seed", 1234, "eval.noise_seed"),
+                                ("eval.train_prompts", 99, "eval.train_prompts"),
+                                ("compare.level", 1.5, "compare.level")):
+        with pytest.raises(common.StudyError, match=match):
+            study.validate(util.set_field(load_config("tiny"), field, value), ["sera"], [0])
+
+
+def test_accelerator_smoke_script_runs_at_tiny_size():
+    out = _binary("--config=configs/maze/tiny.py", "--steps=2", timeout=300,
+                  module="experiments.maze_smoke")
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout[out.stdout.index("{"):])
+    assert result["budget"] == 8 and result["step_s"] > 0 and result["sample_tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_regime_map_at_tiny_size(pipeline, tmp_path):
+    cfg, work, _, _, _ = pipeline
+    os.symlink(os.path.join(work, "sft"), tmp_path / "sft")
+    rcfg = load_config("tiny")
+    rcfg.regime = study.ml_collections.ConfigDict(dict(
+        prompts_per_step="1,2", rollouts_per_prompt="8,16", n_max_factor=2, n_max_cap=32,
+        methods="uniform,sera", seeds="0"))
+    out = study.run(rcfg, str(tmp_path), "regime")
+    assert len(out["cells"]) == 4
+    assert os.path.getsize(tmp_path / "results" / "regime_map.png") > 0
+    assert "| 2 | 16 | 32 | sera |" in open(tmp_path / "results" / "regime_map.md").read()
