@@ -10,23 +10,10 @@ final.csv, regime.csv, results.npz and figures to --workdir.
 
 import os
 
-from absl import flags
-from ml_collections import config_flags
-
 from sera_jax.studies import common
 
-_DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "configs", "allocation_lab", "cpu.py")
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "Path to a get_config() file.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
-
-
-def main(argv):
-    del argv
-    from sera_jax.lab import study  # after flag parsing: importing jax is slow
-
-    common.main(lambda: print(study.run(_CONFIG.value, _WORKDIR.value)["summary"]))
-
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 if __name__ == "__main__":
-    common.run_app(main, _DEFAULT)
+    common.summary_binary("sera_jax.lab.study",
+                          os.path.join(_ROOT, "configs", "allocation_lab", "cpu.py"))

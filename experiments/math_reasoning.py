@@ -17,6 +17,7 @@ from sera_jax.studies import common
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "configs", "math", "cpu.py")
+common.check_overrides(_DEFAULT)  # before the flags: a misspelt key names the nearest one
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "Experiment config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
 _STAGE = flags.DEFINE_enum("stage", "all", ("all", "rl", "eval"), "Which stage to run.")

@@ -66,19 +66,28 @@ def _config_path(argv: Sequence[str], default: str, flag: str = "config") -> str
     return default
 
 
+def check_overrides(default_config: str | None, argv: Sequence[str] | None = None,
+                    flag: str = "config") -> None:
+    """Exit with one line naming the nearest valid key when a `--config.a.b=v` of `argv`
+    (default `sys.argv`) names no field of the config file it overrides. Binaries call it
+    before defining their flags: `config_flags` already applies overrides to a default
+    config at definition time, where a misspelt key is a bare `AttributeError`."""
+    argv = list(sys.argv if argv is None else argv)
+    path = _config_path(argv, default_config or "", flag).split(":", 1)[0]
+    if path and os.path.isfile(path):
+        message = unknown_override(argv, config_files.get_config(path), flag)
+        if message:
+            sys.exit(f"error: {message}")
+
+
 def flags_parser(default_config: str | None, flag: str = "config"
                  ) -> Callable[[list[str]], list[str]]:
     """An `app.run(flags_parser=...)` that checks `--config.*` override paths against the
-    config file before absl parses them: an unknown key exits with one line naming the
-    nearest valid key instead of a bare `AttributeError`."""
+    config file before absl parses them (`check_overrides`) and turns a flag error into one
+    line."""
 
     def parse(argv: list[str]) -> list[str]:
-        path = _config_path(argv, default_config or "", flag)
-        if path and os.path.isfile(path.split(":", 1)[0]):
-            message = unknown_override(argv, config_files.get_config(path.split(":", 1)[0]),
-                                       flag)
-            if message:
-                sys.exit(f"error: {message}")
+        check_overrides(default_config, argv, flag)
         try:
             return flags.FLAGS(argv)
         except flags.Error as e:
@@ -96,6 +105,27 @@ def main(run: Callable[[], Any]) -> None:
         run()
     except (ValueError, FileNotFoundError, CheckpointError, loop.NonFiniteError) as e:
         sys.exit(f"error: {e}")
+
+
+def summary_binary(recipe: str, default_config: str) -> None:
+    """The whole main of a binary whose study is `<recipe module>.run(config, workdir)`
+    returning `{"summary": markdown, ...}`: `--config` (default `default_config`) and
+    `--workdir` flags, the checking flag parser, one-line errors, the summary printed."""
+    from ml_collections import config_flags
+
+    check_overrides(default_config)
+    config = config_flags.DEFINE_config_file("config", default_config,
+                                             "Path to a get_config() file.")
+    workdir = flags.DEFINE_string("workdir", None, "Output directory.")
+
+    def main_fn(argv: list[str]) -> None:
+        del argv
+        import importlib
+
+        study = importlib.import_module(recipe)  # after flag parsing: importing jax is slow
+        main(lambda: print(study.run(config.value, workdir.value)["summary"]))
+
+    run_app(main_fn, default_config)
 
 
 def enable_compilation_cache(workdir: str | None) -> None:
@@ -203,6 +233,7 @@ def append_eval(run_dir: str, record: Mapping[str, Any]) -> None:
     append_jsonl(os.path.join(run_dir, loop.EVAL_RECORDS), dict(record))
 
 
-__all__ = ["RolloutCounter", "StudyError", "append_eval", "cached_json", "check",
+__all__ = ["RolloutCounter", "StudyError", "append_eval", "cached_json", "check", "check_overrides",
            "config_keys", "enable_compilation_cache", "flags_parser", "main", "parse_list",
-           "parse_methods", "positive_int", "prepare_workdir", "run_app", "unknown_override"]
+           "parse_methods", "positive_int", "prepare_workdir", "run_app", "summary_binary",
+           "unknown_override"]
