@@ -214,6 +214,9 @@ def test_binary_names_the_nearest_key_and_fails_in_one_line(tmp_path):
     assert out.returncode != 0
     assert "no field 'rl.num_stepz'; did you mean --config.rl.num_steps?" in out.stderr
     assert "Traceback" not in out.stderr
+    out = _binary(f"--workdir={tmp_path}", "--config.rl.num_stepz=3")  # the default config
+    assert out.returncode != 0 and "did you mean --config.rl.num_steps?" in out.stderr
+    assert "Traceback" not in out.stderr
     afile = tmp_path / "f"
     afile.write_text("")
     out = _binary("--config=configs/maze/tiny.py", f"--workdir={afile}")
