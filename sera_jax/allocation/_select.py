@@ -40,8 +40,8 @@ def _sat_sub(x, y) -> Array:
 
 
 def _to_count(x: Array) -> Array:
-    """A float count (already clipped to ``[n_min, n_max]``) as int32: the bound
-    ``n_max <= _INT32_MAX`` may round up to 2**31 in float32, out of int32's range."""
+    """A nonnegative float count as int32, capped at the largest float of its dtype that
+    int32 holds: float32 rounds ``n_max = 2**31 - 1`` up to 2**31, out of range."""
     cap = np.asarray(_INT32_MAX, x.dtype)
     if float(cap) > _INT32_MAX:
         cap = np.nextafter(cap, np.zeros((), x.dtype))
