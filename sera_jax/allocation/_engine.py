@@ -143,8 +143,16 @@ def _core(p, num, budget, n_min, n_max, threshold, alpha, beta, *, rule, roundin
         counts, act, t = fill()
     counts = counts.astype(jnp.int32)
 
-    # Diagnostics.
-    n0 = budget.astype(p.dtype) / n_valid.astype(p.dtype)
+    return diagnostics(p, act, known, counts, budget, n_valid, n_min, n_max, shift, jnp.exp(t))
+
+
+def diagnostics(p: Array, act: Array, known: Array, counts: Array, budget: Array, num: Array,
+                n_min: Array, n_max: Array, shift: int, tau: Array | None) -> Allocation:
+    """The `Allocation` of int32 `counts` (traced): weights N0/N_q on active prompts
+    (N0 = budget / num valid prompts), κ min / mean over active prompts with a known p,
+    fractions at the bounds, τ* and κ* = 1 − exp(−τ*) (NaN when `tau` is None: no
+    waterline)."""
+    n0 = jnp.asarray(budget, p.dtype) / jnp.asarray(num, p.dtype)
     weights = jnp.where(act, n0 / jnp.maximum(counts, 1).astype(p.dtype), 0.0)
     have = act & known
     kap = kappa(jnp.where(known, p, 0.0), counts, shift)
@@ -153,7 +161,7 @@ def _core(p, num, budget, n_min, n_max, threshold, alpha, beta, *, rule, roundin
         (jnp.where(have, kap, jnp.inf), jnp.where(have, kap, 0.0), i32(have), i32(act),
          i32(act & (counts == n_min)), i32(act & (counts == n_max))), "<+++++")
     nan = jnp.asarray(jnp.nan, p.dtype)
-    tau = jnp.exp(t)
+    tau = nan if tau is None else tau
     frac = lambda n: n.astype(p.dtype) / jnp.maximum(na, 1).astype(p.dtype)
     return Allocation(
         counts=counts,

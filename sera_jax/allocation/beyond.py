@@ -74,10 +74,9 @@ from sera_jax.allocation._engine import (
     _prepare,
     _run,
     _trim,
+    diagnostics,
 )
 from sera_jax.allocation._peers import _greedy_units
-from sera_jax.allocation._select import _reduce
-from sera_jax.scaling import kappa
 
 __all__ = ["TWO_STAGE", "conditional_scale", "expected_kappa", "pilot_size", "posterior",
            "sequential"]
@@ -181,22 +180,9 @@ def _posterior_core(p, alpha, beta, num, budget, n_min, n_max, *, shift):
 
 
 def _diagnostics(p, act, known, counts, budget, num, n_min, n_max, shift) -> Allocation:
-    """The `Allocation` of counts where every valid prompt is active (the fields of
-    `_engine._core`'s diagnostics; τ and κ* are NaN: no waterline)."""
-    n0 = jnp.asarray(budget, p.dtype) / jnp.asarray(num, p.dtype)
-    weights = jnp.where(act, n0 / jnp.maximum(counts, 1).astype(p.dtype), 0.0)
-    have = act & known
-    kap = kappa(jnp.where(known, p, 0.0), counts, shift)
-    i32 = lambda m: m.astype(jnp.int32)
-    k_min, k_sum, nk, na, at_min, at_max = _reduce(
-        (jnp.where(have, kap, jnp.inf), jnp.where(have, kap, 0.0), i32(have), i32(act),
-         i32(act & (counts == n_min)), i32(act & (counts == n_max))), "<+++++")
-    nan = jnp.asarray(jnp.nan, p.dtype)
-    frac = lambda n: n.astype(p.dtype) / jnp.maximum(na, 1).astype(p.dtype)
-    return Allocation(counts=counts, weights=weights, active=act, tau=nan, kappa_star=nan,
-                      kappa_min=jnp.where(nk > 0, k_min, nan),
-                      kappa_mean=jnp.where(nk > 0, k_sum / jnp.maximum(nk, 1), nan),
-                      frac_at_n_min=frac(at_min), frac_at_n_max=frac(at_max), num_active=na)
+    """The `Allocation` of counts where every valid prompt is active (`_engine.diagnostics`;
+    τ and κ* are NaN: no waterline)."""
+    return diagnostics(p, act, known, counts, budget, num, n_min, n_max, shift, None)
 
 
 def posterior(
