@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from sera_jax import allocation as allocation_lib
@@ -83,10 +85,12 @@ class Method:
 
     def prompt_weights(self, counts: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """The per-prompt loss weights: the allocator's N0/N_q, or 1{N_q > 0} without the
-        multiplicity correction."""
+        multiplicity correction. NumPy in, NumPy out; traced (jit) in, traced out, so jitted
+        callers use this function itself without a host round-trip."""
+        xp = jnp if isinstance(counts, jax.Array) or isinstance(weights, jax.Array) else np
         if self.multiplicity:
-            return np.asarray(weights, np.float32)
-        return (np.asarray(counts) > 0).astype(np.float32)
+            return xp.asarray(weights, xp.float32)
+        return (xp.asarray(counts) > 0).astype(xp.float32)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (stored in run configs and fingerprints)."""

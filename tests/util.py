@@ -55,4 +55,19 @@ def cpu_job_env(**extra: str) -> dict[str, str]:
     return env
 
 
-__all__ = ["ROOT", "cpu_job_env", "free_port", "launch", "set_field"]
+
+
+
+def execute_notebook(name: str, monkeypatch) -> list[dict]:
+    """Run `notebooks/<name>` top to bottom in its smoke setting (`SERA_NOTEBOOK_SMOKE=1`)
+    from the repository root; returns the code cells' outputs."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("SERA_NOTEBOOK_SMOKE", "1")
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    nb = nbformat.read(os.path.join(ROOT, "notebooks", name), as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": ROOT}}).execute()
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+__all__ = ["ROOT", "cpu_job_env", "execute_notebook", "free_port", "launch", "set_field"]

@@ -12,8 +12,8 @@ One step of one seed, with the library's pieces unchanged (the same order as the
    every batch prompt -- and gets their successes; allocators with Beta-posterior options
    (alpha, beta) get the history's frozen posterior (α + S, β + F) when
    `posterior_from_history`;
-4. per-prompt loss weights `Method.prompt_weights` (host NumPy, called through
-   `jax.pure_callback`, so it is the registry's function and not a copy);
+4. per-prompt loss weights `Method.prompt_weights` (the registry's function, traced into the
+   step: no host round-trip);
 5. rollouts: row r of the flat batch (`estimators.segment_ids_from_counts`) is rollout j of
    its prompt x and draws its answer by inverse CDF from the uniform U_t[x, j];
 6. ragged advantages (`estimators.get_advantage_estimator(method.estimator)`), per-rollout
@@ -191,16 +191,6 @@ def allocate_step(method: Method, setup: Setup, p_hat: Array, post: tuple[Array,
               **extra)
 
 
-def prompt_weights(method: Method, counts: Array, weights: Array) -> Array:
-    """`method.prompt_weights(counts, weights)` (host NumPy) from traced code."""
-
-    def host(c, w):
-        return np.asarray(method.prompt_weights(np.asarray(c), np.asarray(w)), np.float32)
-
-    return jax.pure_callback(host, jax.ShapeDtypeStruct(weights.shape, jnp.float32), counts,
-                             weights, vmap_method="broadcast_all")
-
-
 def _task_cfg(setup: Setup) -> tuple[tuple[str, Any], ...]:
     names = ("num_train", "num_test", "num_answers", "feature_dim", "num_skills",
              "max_correct", "p_floor", "base_logit_scale", "scorer", "mlp_width")
@@ -330,7 +320,7 @@ def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation) -
             k1 = jnp.sum(draw(q, j)[1].reshape(num_p, pilot), axis=1)
         alloc = allocate_step(method, setup, p_hat, _posterior(h, ids), k1)
         counts = alloc.counts
-        pw = prompt_weights(method, counts, alloc.weights)
+        pw = method.prompt_weights(counts, alloc.weights)
         seg = estimators.segment_ids_from_counts(counts, budget)
         start = jnp.cumsum(counts) - counts
         rank = jnp.arange(budget, dtype=jnp.int32) - start[seg]

@@ -1,20 +1,10 @@
 """notebooks/allocation_lab.ipynb executes top to bottom (tiny settings)."""
 
-import os
-
-import nbformat
-from nbclient import NotebookClient
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import util
 
 
 def test_notebook_executes(monkeypatch):
-    monkeypatch.setenv("SERA_NOTEBOOK_SMOKE", "1")
-    monkeypatch.setenv("PYTHONPATH", ROOT)
-    nb = nbformat.read(os.path.join(ROOT, "notebooks", "allocation_lab.ipynb"), as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": ROOT}}).execute()
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    outputs = util.execute_notebook("allocation_lab.ipynb", monkeypatch)
     assert not any(o.get("output_type") == "error" for o in outputs)
     text = "".join(o.get("text", "") for o in outputs)
     assert "3 methods × 8 paired seeds done in" in text
