@@ -1,14 +1,14 @@
 """The maze regime map: SERA − uniform over prompts per step P x rollouts per prompt N0, with
 n_max tied to N0 (n_max = 8·N0), 3 seeds per cell, from the CPU default's SFT model.
 
-Every cell is the CPU default (`cpu.py`: 16 RL steps, lr 5e-5, θ 0.05, 128 samples per maze on
+Every cell is the CPU default (`cpu.py`: 16 RL steps, lr 1e-5, θ 0.05, 128 samples per maze on
 the 64 held-out and 32 training mazes) with another batch shape; the cell of the default shape
 (P 32, N0 8, n_max 64) reuses the default comparison's runs in the same workdir. Evaluation is
 at the end only (the curves are the default comparison's job). Not for CI: on 2 CPU cores it
 takes about an hour. Run with
 
     python -m experiments.maze --config=configs/maze/regime_map.py \
-        --workdir=workdir/maze_cpu_default --stage=regime
+        --workdir=workdir/maze_cpu --stage=regime
 """
 
 import ml_collections
@@ -29,5 +29,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.regime.n_max_cap = 128
     c.regime.methods = "uniform,sera"
     c.regime.seeds = "0,1,2"
+    c.regime.thresholds = ""  # no θ axis: every method keeps its preset θ (theta_sweep.py)
+    c.regime.output = "regime_map"  # results/<output>.{json,md,png}
     c.eval.every = 0  # final evaluation only (resumable: the default's runs are reused)
     return c

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -47,6 +47,7 @@ from absl import logging
 from flax import nnx
 
 from sera_jax import loop
+from sera_jax import methods as methods_lib
 from sera_jax import sft as sft_lib
 from sera_jax import sharding as shd
 from sera_jax.metrics import analytic_pass_at_k, pass_at_k_curve
@@ -262,6 +263,41 @@ def cell_config(cfg: ml_collections.ConfigDict, cell: tuple[int, int, int]
     return out
 
 
+def regime_thresholds(cfg: ml_collections.ConfigDict) -> list[float | None]:
+    """The θ axis of the regime map: `regime.thresholds` (absent or empty = one value, None:
+    every method keeps its preset θ / the config's override)."""
+    given = str(cfg.regime.get("thresholds", "") or "").strip()
+    return common.parse_list(given, float, "regime.thresholds") if given else [None]
+
+
+def uses_threshold(method: str) -> bool:
+    """Whether `method`'s preset has an active-set threshold θ (the regime's θ axis varies
+    it for these methods only; the others' runs are shared by every θ of a cell)."""
+    return "threshold" in methods_lib.get_method(method).options
+
+
+def default_threshold(cfg: ml_collections.ConfigDict, methods: Sequence[str]) -> float | None:
+    """The θ every θ-method of `methods` runs with when the regime does not set one (the
+    config's override, else their common preset value; None if they differ). A regime θ
+    equal to it reuses the θ-free cell's runs."""
+    if cfg.rl.allocation.threshold is not None:
+        return float(cfg.rl.allocation.threshold)
+    presets = {float(methods_lib.get_method(m).options["threshold"])
+               for m in methods if uses_threshold(m)}
+    return presets.pop() if len(presets) == 1 else None
+
+
+def arm_config(ccfg: ml_collections.ConfigDict, method: str, theta: float | None
+               ) -> ml_collections.ConfigDict:
+    """A regime cell's config for one method at θ (`rl.allocation.threshold = θ` for the
+    methods that have one, `ccfg` unchanged for the others)."""
+    if theta is None or not uses_threshold(method):
+        return ccfg
+    out = ml_collections.ConfigDict(ccfg.to_dict())
+    out.rl.allocation.threshold = float(theta)
+    return out
+
+
 def validate_regime(cfg: ml_collections.ConfigDict) -> list[tuple[int, int, int]]:
     """The regime fields, and every cell's config as a comparison; returns the cells."""
     c = common.check
@@ -273,14 +309,22 @@ def validate_regime(cfg: ml_collections.ConfigDict) -> list[tuple[int, int, int]
     cells = regime_cells(cfg)
     methods = common.parse_methods(r.methods, "regime.methods")
     seeds = common.parse_list(r.seeds, int, "regime.seeds")
+    thetas = regime_thresholds(cfg)
     c(cfg.compare.baseline in methods, "regime.methods", r.methods,
       f"a list with compare.baseline={cfg.compare.baseline!r}")
+    c(thetas == [None] or any(uses_threshold(m) for m in methods), "regime.thresholds",
+      r.get("thresholds"), "empty: none of regime.methods has an active-set threshold")
+    c(all(t is None or 0.0 <= t < 1.0 for t in thetas), "regime.thresholds",
+      r.get("thresholds"), "values in [0, 1)")
     for cell in cells:
-        try:
-            validate(cell_config(cfg, cell), methods, seeds)
-        except common.StudyError as e:
-            raise common.StudyError(f"regime cell P={cell[0]} N0={cell[1]} n_max={cell[2]}: "
-                                    f"{e}") from None
+        for theta in thetas:
+            try:
+                for m in methods:
+                    validate(arm_config(cell_config(cfg, cell), m, theta), [m], seeds)
+            except common.StudyError as e:
+                at = "" if theta is None else f" θ={theta:g}"
+                raise common.StudyError(f"regime cell P={cell[0]} N0={cell[1]} "
+                                        f"n_max={cell[2]}{at}: {e}") from None
     return cells
 
 
@@ -592,8 +636,12 @@ def allocation_diagnostics(allocs: list[dict], curve: list[dict], shift: int
 
 def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[str],
               seeds: Sequence[int], sft_dir: str | None = None, mesh=None,
-              plots: bool = True, results_dir: str | None = None) -> dict[str, Any]:
+              plots: bool = True, results_dir: str | None = None,
+              arm_configs: Mapping[str, ml_collections.ConfigDict] | None = None
+              ) -> dict[str, Any]:
     """Collect finished runs -> `results/comparison.{json,md}` and figures; returns the dict.
+
+    `arm_configs` (the regime's θ axis): per-method configs where they differ from `cfg`.
 
     Spread = sample standard deviation over seeds (and min / max in the JSON). Paired
     differences and CIs: `sera_jax.studies.compare` (the SFT start is scored with the keys
@@ -637,7 +685,8 @@ def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[st
     for arm, arm_seeds in arms(cfg, methods, seeds):
         runs = []
         curves[arm], correct[arm] = [], {}
-        shift = rl_config.method(run_config(cfg, arm, 0)).kappa_shift
+        shift = rl_config.method(run_config((arm_configs or {}).get(arm, cfg), arm, 0)
+                                 ).kappa_shift
         for seed in arm_seeds:
             d = run_dir(workdir, arm, seed)
             evals = read_jsonl(os.path.join(d, loop.EVAL_RECORDS))
@@ -912,8 +961,8 @@ def plot_comparison(table: dict, curves: dict, sft_eval: dict, results_dir: str)
 # ----------------------------------------------------------------------------- regime map
 
 
-def cell_name(cell: tuple[int, int, int]) -> str:
-    return f"P{cell[0]}_N{cell[1]}_nmax{cell[2]}"
+def cell_name(cell: tuple[int, int, int], theta: float | None = None) -> str:
+    return f"P{cell[0]}_N{cell[1]}_nmax{cell[2]}" + ("" if theta is None else f"_theta{theta:g}")
 
 
 def stage_regime(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, Any]:
@@ -925,24 +974,34 @@ def stage_regime(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dic
     cells = regime_cells(cfg)
     methods = common.parse_methods(cfg.regime.methods, "regime.methods")
     seeds = common.parse_list(cfg.regime.seeds, int, "regime.seeds")
+    thetas = regime_thresholds(cfg)
+    preset_theta = default_threshold(cfg, methods)
     sft_dir = os.path.join(workdir, "sft")
     own = (int(cfg.rl.prompts_per_step), int(cfg.rl.rollouts_per_prompt),
            int(cfg.rl.allocation.n_max))
     out: dict[str, Any] = {"cells": {}, "methods": methods, "seeds": seeds}
-    for cell in cells:
+    for cell, theta in [(cell, theta) for cell in cells for theta in thetas]:
         ccfg = cell_config(cfg, cell)
-        cdir = os.path.join(workdir, "regime", cell_name(cell))
-        rdir = os.path.join(cdir, "results")
+        # Runs of methods without θ live in the θ-free cell (the workdir itself for the
+        # config's own shape) and are linked into each θ cell: one run, every θ.
+        base_dir = workdir if cell == own else os.path.join(workdir, "regime", cell_name(cell))
+        cdir = (base_dir if theta in (None, preset_theta) else
+                os.path.join(workdir, "regime", cell_name(cell, theta)))
+        configs = {m: arm_config(ccfg, m, theta) for m in methods}
         t0 = time.perf_counter()
         for seed in seeds:
             for method in methods:
-                stage_rl(ccfg, workdir if cell == own else cdir, method, seed, mesh,
+                shared = cdir != base_dir and not uses_threshold(method)
+                stage_rl(configs[method], base_dir if shared else cdir, method, seed, mesh,
                          sft_dir=sft_dir)
-        table = aggregate(ccfg, workdir if cell == own else cdir, methods, seeds,
-                          sft_dir=sft_dir, mesh=mesh, plots=False, results_dir=rdir)
-        log_timing(workdir, f"regime/{cell_name(cell)}", time.perf_counter() - t0)
-        out["cells"][cell_name(cell)] = {
-            "P": cell[0], "N0": cell[1], "n_max": cell[2], "paired": table["paired"],
+                if shared:
+                    _link_run(base_dir, cdir, method, seed)
+        table = aggregate(ccfg, cdir, methods, seeds, sft_dir=sft_dir, mesh=mesh, plots=False,
+                          results_dir=os.path.join(cdir, "results"), arm_configs=configs)
+        log_timing(workdir, f"regime/{cell_name(cell, theta)}", time.perf_counter() - t0)
+        out["cells"][cell_name(cell, theta)] = {
+            "P": cell[0], "N0": cell[1], "n_max": cell[2], "theta": theta,
+            "paired": table["paired"],
             "diagnostics": {m: {f: e.get(f) for f in ("mixed_fraction", "kappa_true_min",
                                                      "kappa_true_mean", "kappa_believed_min",
                                                      "never_solved_share")}
@@ -950,25 +1009,45 @@ def stage_regime(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dic
             "pass_at_k": {m: {k: v["mean"] for k, v in e["pass_at_k"].items()}
                           for m, e in table["methods"].items()},
             "seconds": time.perf_counter() - t0}
-        write_regime(out, os.path.join(workdir, "results"))  # after every cell: partial maps
+        # After every cell: partial maps.
+        write_regime(out, os.path.join(workdir, "results"), regime_output(cfg))
     return out
 
 
-def write_regime(out: dict[str, Any], results_dir: str) -> None:
-    """`regime_map.{json,md,png}` of the cells finished so far."""
+def _link_run(src_workdir: str, dst_workdir: str, method: str, seed: int) -> None:
+    """`dst/rl/<method>/seed<s>` -> the finished run in `src` (a relative symlink)."""
+    src, dst = run_dir(src_workdir, method, seed), run_dir(dst_workdir, method, seed)
+    if os.path.lexists(dst):
+        if os.path.realpath(dst) != os.path.realpath(src):
+            raise common.StudyError(f"{dst} exists and is not the shared run {src}; remove "
+                                    "it and run --stage=regime again")
+        return
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    os.symlink(os.path.relpath(src, os.path.dirname(dst)), dst)
+
+
+def regime_output(cfg: ml_collections.ConfigDict) -> str:
+    """File stem of a regime sweep's results (`regime.output`, default `regime_map`), so a θ
+    sweep in the same workdir does not overwrite the P x N0 map."""
+    return str(cfg.regime.get("output", "regime_map") or "regime_map")
+
+
+def write_regime(out: dict[str, Any], results_dir: str, stem: str = "regime_map") -> None:
+    """`<stem>.{json,md,png}` of the cells finished so far."""
     os.makedirs(results_dir, exist_ok=True)
-    write_json(os.path.join(results_dir, "regime_map.json"), out)
-    with open(os.path.join(results_dir, "regime_map.md"), "w") as f:
+    write_json(os.path.join(results_dir, f"{stem}.json"), out)
+    with open(os.path.join(results_dir, f"{stem}.md"), "w") as f:
         f.write(regime_markdown(out))
-    plot_regime(out, results_dir)
+    plot_regime(out, results_dir, stem)
 
 
 def regime_markdown(out: dict[str, Any]) -> str:
     """One row per (cell, compared method): pass@1 and pass@k_max differences with CIs and
     verdicts, mixed fraction and realised κ_min of both arms."""
-    lines = ["| P | N0 | n_max | method | Δ pass@1 [95 % CI] | Δ pass@k_max [95 % CI] | "
-             "mixed (base / method) | κ_min realised (base / method) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| P | N0 | n_max | θ | method | Δ pass@1 [95 % CI] | Δ pass@k_max [95 % CI] | "
+             "mixed (base / method) | κ_min realised (base / method) | budget on never-solved "
+             "(base / method) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for cell in out["cells"].values():
         diag = cell["diagnostics"]
         base = next(m for m in out["methods"] if m not in cell["paired"])
@@ -980,17 +1059,22 @@ def regime_markdown(out: dict[str, Any]) -> str:
                 v = diag.get(m, {}).get(f)
                 return "–" if v is None else f"{v['mean']:.2f}"
 
-            lines.append(f"| {cell['P']} | {cell['N0']} | {cell['n_max']} | {arm} | "
+            theta = cell.get("theta")
+            lines.append(f"| {cell['P']} | {cell['N0']} | {cell['n_max']} | "
+                         f"{'preset' if theta is None else f'{theta:g}'} | {arm} | "
                          f"{_ci(e['1'])} {_short(e['1']['verdict'])} | k={kmax}: "
                          f"{_ci(e[kmax])} {_short(e[kmax]['verdict'])} | "
                          f"{d(base, 'mixed_fraction')} / {d(arm, 'mixed_fraction')} | "
-                         f"{d(base, 'kappa_true_min')} / {d(arm, 'kappa_true_min')} |")
+                         f"{d(base, 'kappa_true_min')} / {d(arm, 'kappa_true_min')} | "
+                         f"{d(base, 'never_solved_share')} / {d(arm, 'never_solved_share')} |")
     return "\n".join(lines) + "\n"
 
 
-def plot_regime(out: dict[str, Any], results_dir: str) -> str | None:
+def plot_regime(out: dict[str, Any], results_dir: str, stem: str = "regime_map"
+                ) -> str | None:
     """Heatmaps (rows P, columns N0) of the first compared method − baseline at pass@1 and
-    at the largest k, annotated with the mean and the 95 % CI."""
+    at the largest k, annotated with the mean and the 95 % CI; with a θ axis (cells at more
+    than one θ), the differences against θ with their CIs, one line per (P, N0)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1000,6 +1084,8 @@ def plot_regime(out: dict[str, Any], results_dir: str) -> str | None:
     if not cells or not cells[0]["paired"]:
         return None
     arm = next(iter(cells[0]["paired"]))
+    if len({c.get("theta") for c in cells}) > 1:
+        return _plot_thresholds(cells, arm, out["methods"][0], results_dir, stem)
     ps = sorted({c["P"] for c in cells})
     ns = sorted({c["N0"] for c in cells})
     kmax = list(cells[0]["paired"][arm]["eval"])[-1]
@@ -1026,7 +1112,39 @@ def plot_regime(out: dict[str, Any], results_dir: str) -> str | None:
         ax.set_title(f"{arm} − {out['methods'][0]}: held-out pass@{k} (points)")
         fig.colorbar(im, ax=ax, shrink=0.8)
     fig.tight_layout()
-    path = os.path.join(results_dir, "regime_map.png")
+    path = os.path.join(results_dir, f"{stem}.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _plot_thresholds(cells: list[dict], arm: str, base: str, results_dir: str, stem: str
+                     ) -> str:
+    import matplotlib.pyplot as plt
+
+    kmax = list(cells[0]["paired"][arm]["eval"])[-1]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    shapes = sorted({(c["P"], c["N0"], c["n_max"]) for c in cells})
+    for ax, k in zip(axes, ("1", kmax)):
+        for shape in shapes:
+            row = sorted((c for c in cells if (c["P"], c["N0"], c["n_max"]) == shape
+                          and arm in c["paired"] and c.get("theta") is not None),
+                         key=lambda c: c["theta"])
+            if not row:
+                continue
+            e = [c["paired"][arm]["eval"][k] for c in row]
+            mean = np.array([100 * x["mean"] for x in e])
+            err = np.array([[100 * (x["mean"] - x["lo"]) for x in e],
+                            [100 * (x["hi"] - x["mean"]) for x in e]])
+            ax.errorbar([c["theta"] for c in row], mean, yerr=err, marker="o", capsize=3,
+                        label=f"P {shape[0]}, N0 {shape[1]}, n_max {shape[2]}")
+        ax.axhline(0.0, color="grey", lw=0.8)
+        ax.set_xlabel("θ (active-set threshold)")
+        ax.set_ylabel("points")
+        ax.set_title(f"{arm} − {base}: held-out pass@{k}, 95 % CI")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(results_dir, f"{stem}.png")
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -458,6 +458,10 @@ def test_default_and_regime_configs_are_the_protocol():
     assert len({c[0] for c in cells}) >= 3 and len({c[1] for c in cells}) >= 3
     assert all(n_max == 8 * n0 for _, n0, n_max in cells)
     assert len(regime.regime.seeds.split(",")) >= 3
+    sweep = load_config("theta_sweep")
+    assert study.validate_regime(sweep) == [(32, 8, 64)]
+    assert study.regime_thresholds(sweep)[0] == study.default_threshold(sweep, ["sera"])
+    assert len(study.regime_thresholds(sweep)) >= 3 and study.regime_output(sweep) != "regime_map"
     bad = load_config("regime_map")
     bad.regime.prompts_per_step = "8,64"
     with pytest.raises(common.StudyError, match="regime cell P=64"):
@@ -490,4 +494,34 @@ def test_regime_map_at_tiny_size(pipeline, tmp_path):
     out = study.run(rcfg, str(tmp_path), "regime")
     assert len(out["cells"]) == 4
     assert os.path.getsize(tmp_path / "results" / "regime_map.png") > 0
-    assert "| 2 | 16 | 32 | sera |" in open(tmp_path / "results" / "regime_map.md").read()
+    assert "| 2 | 16 | 32 | preset | sera |" in open(tmp_path / "results" / "regime_map.md").read()
+
+
+@pytest.mark.slow
+def test_regime_theta_axis_varies_theta_for_sera_only_and_shares_uniform(pipeline, tmp_path):
+    _, work, _, _, _ = pipeline
+    os.symlink(os.path.join(work, "sft"), tmp_path / "sft")
+    rcfg = load_config("tiny")
+    rcfg.regime = study.ml_collections.ConfigDict(dict(
+        prompts_per_step="2", rollouts_per_prompt="4", n_max_factor=2, n_max_cap=6,
+        methods="uniform,sera", seeds="0", thresholds="0.05,0.6", output="theta_sweep"))
+    bad = study.ml_collections.ConfigDict(rcfg.to_dict())
+    bad.regime.thresholds = "0.05,1.5"
+    with pytest.raises(common.StudyError, match="regime.thresholds"):
+        study.validate_regime(bad)
+    out = study.run(rcfg, str(tmp_path), "regime")
+    assert [c["theta"] for c in out["cells"].values()] == [0.05, 0.6]
+    # θ = 0.05 is SERA's preset: the θ-free runs of the config's own shape (the workdir);
+    # θ = 0.6: a SERA run of its own, uniform linked to the one θ-free run.
+    cell = tmp_path / "regime" / "P2_N4_nmax6_theta0.6"
+    shared = cell / "rl" / "uniform" / "seed0"
+    assert os.path.islink(shared)
+    assert os.path.realpath(shared) == os.path.realpath(tmp_path / "rl" / "uniform" / "seed0")
+    saved = json.load(open(cell / "rl" / "sera" / "seed0" / "config.json"))
+    assert saved["rl"]["allocation"]["threshold"] == 0.6
+    base = json.load(open(tmp_path / "rl" / "sera" / "seed0" / "config.json"))
+    assert base["rl"]["allocation"]["threshold"] == 0.05
+    assert not (tmp_path / "regime" / "P2_N4_nmax6_theta0.6" / "rl" / "null").exists()
+    md = open(tmp_path / "results" / "theta_sweep.md").read()
+    assert "| 2 | 4 | 6 | 0.6 | sera |" in md and "| 2 | 4 | 6 | 0.05 | sera |" in md
+    assert os.path.getsize(tmp_path / "results" / "theta_sweep.png") > 0
