@@ -51,6 +51,7 @@ from sera_jax import methods as methods_lib
 from sera_jax import sft as sft_lib
 from sera_jax import sharding as shd
 from sera_jax.metrics import analytic_pass_at_k, pass_at_k_curve
+from sera_jax.models.configs import DTYPE_NAMES, dtype_from_name
 from sera_jax.models.configs import get_config as get_model_config
 from sera_jax.models.decoder import Decoder
 from sera_jax.records import (
@@ -78,6 +79,12 @@ RESUMABLE = trainer_lib.RESUMABLE + sft_lib.RESUMABLE + ("eval.every", "eval.bat
 #: Per-split fold of the evaluation key (held-out and training mazes get independent keys).
 SPLIT_FOLD = {"eval": 0, "train": 1}
 ALLOC_RECORDS = "alloc.jsonl"
+#: Precision options (added after the first runs) left out of fingerprints at their default,
+#: so earlier runs resume and their cached evaluations stay valid (`loop.trim_fields`):
+#: `model.dtype` (compute dtype; parameters and AdamW state stay float32) and
+#: `eval.kv_cache_dtype` ('' = the compute dtype).
+MODEL_DEFAULTS = {"dtype": "float32"}
+EVAL_DEFAULTS = {"kv_cache_dtype": ""}
 
 
 # ----------------------------------------------------------------------------- building
@@ -89,8 +96,10 @@ def build_task(cfg: ml_collections.ConfigDict) -> maze_lib.MazeTask:
 
 
 def build_model(cfg: ml_collections.ConfigDict) -> Decoder:
-    """A freshly initialised policy: the named preset `cfg.model.preset` with overrides."""
+    """A freshly initialised policy: the named preset `cfg.model.preset` with overrides and
+    the compute dtype `cfg.model.dtype` (float32 parameters: the master weights of SFT/RL)."""
     overrides = dict(cfg.model.get("overrides", {}) or {})
+    overrides["dtype"] = dtype_from_name(cfg.model.get("dtype", "float32"), "model.dtype")
     dcfg = get_model_config(cfg.model.preset, **overrides)
     if dcfg.vocab_size != maze_lib.VOCAB_SIZE:
         raise common.StudyError(f"config.model: vocab_size={dcfg.vocab_size}; the maze "
@@ -140,20 +149,24 @@ def sft_width(task: maze_lib.MazeTask) -> int:
 
 def eval_sampling(cfg: ml_collections.ConfigDict, task: maze_lib.MazeTask) -> SamplingConfig:
     return SamplingConfig(max_new_tokens=task.max_new_tokens, temperature=cfg.eval.temperature,
-                          stop_ids=tuple(task.stop_ids), pad_id=task.pad_id)
+                          stop_ids=tuple(task.stop_ids), pad_id=task.pad_id,
+                          cache_dtype=cfg.eval.get("kv_cache_dtype", "") or None)
 
 
 def sft_fingerprint(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     """What defines the SFT model: task (its splits), model and SFT config."""
-    return {"task": cfg.task.to_dict(), "model": cfg.model.to_dict(), "sft": cfg.sft.to_dict()}
+    return {"task": cfg.task.to_dict(),
+            "model": loop.trim_fields(cfg.model.to_dict(), defaults=MODEL_DEFAULTS),
+            "sft": sft_lib.config_fingerprint(cfg.sft)}
 
 
 def rl_fingerprint(cfg: ml_collections.ConfigDict, rl: ml_collections.ConfigDict,
                    sft_step: int) -> dict[str, Any]:
     """What defines one RL run: the SFT model it starts from, the resolved RL config and the
     evaluation that its curve records."""
-    return {**sft_fingerprint(cfg), "start": {"sft_step": int(sft_step)}, "rl": rl.to_dict(),
-            "eval": cfg.eval.to_dict()}
+    return {**sft_fingerprint(cfg), "start": {"sft_step": int(sft_step)},
+            "rl": rl_config.fingerprint(rl),
+            "eval": loop.trim_fields(cfg.eval.to_dict(), defaults=EVAL_DEFAULTS)}
 
 
 def eval_steps(cfg: ml_collections.ConfigDict) -> list[int]:
@@ -181,6 +194,8 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequ
     t = cfg.task
     c(isinstance(t.size, int) and t.size >= 3 and t.size % 2 == 1, "task.size", t.size,
       "an odd integer >= 3")
+    c(cfg.model.get("dtype", "float32") in DTYPE_NAMES, "model.dtype", cfg.model.get("dtype"),
+      f"one of {DTYPE_NAMES} (the compute dtype; parameters stay float32)")
     for field in ("num_train", "num_eval"):
         c(common.positive_int(t[field]), f"task.{field}", t[field], "an integer >= 1")
     c(isinstance(t.num_sft, int) and t.num_sft >= 0, "task.num_sft", t.num_sft,
@@ -221,6 +236,8 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequ
     c(isinstance(e.temperature, int | float) and np.isfinite(e.temperature) and
       e.temperature > 0, "eval.temperature", e.temperature, "a finite number > 0")
     c(isinstance(e.seed, int), "eval.seed", e.seed, "an integer")
+    c(e.get("kv_cache_dtype", "") in ("",) + DTYPE_NAMES, "eval.kv_cache_dtype",
+      e.get("kv_cache_dtype"), f"'' (the model's compute dtype) or one of {DTYPE_NAMES}")
     c(isinstance(e.noise_seed, int) and e.noise_seed != e.seed, "eval.noise_seed",
       e.noise_seed, f"an integer other than eval.seed={e.seed} (the second key set)")
 
@@ -380,8 +397,13 @@ def pass1_distribution(num_correct: Sequence[int], num_samples: int) -> dict[str
             "fraction_unsolved": float((p == 0).mean()), "fraction_always": float((p == 1).mean())}
 
 
-def _eval_fingerprint(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
-    return {k: cfg.eval[k] for k in ("num_prompts", "train_prompts", "temperature")}
+def _eval_fingerprint(cfg: ml_collections.ConfigDict,
+                      keys: Sequence[str] = ("num_prompts", "train_prompts", "temperature")
+                      ) -> dict[str, Any]:
+    """The evaluation fields `keys` of a cached scoring, plus its KV-cache dtype when set."""
+    fields = {k: cfg.eval[k] for k in keys}
+    fields["kv_cache_dtype"] = cfg.eval.get("kv_cache_dtype", "")
+    return loop.trim_fields(fields, defaults=EVAL_DEFAULTS)
 
 
 def sft_points(cfg: ml_collections.ConfigDict, sft_dir: str, mesh=None, model=None
@@ -458,9 +480,9 @@ def stage_sft(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[s
         return out
 
     fingerprint = {**sft_fingerprint(cfg), "sft_step": result.step,
-                   "eval": {k: cfg.eval[k] for k in ("num_samples", "curve_samples",
-                                                     "num_prompts", "train_prompts",
-                                                     "temperature", "seed")}}
+                   "eval": _eval_fingerprint(cfg, ("num_samples", "curve_samples",
+                                                   "num_prompts", "train_prompts",
+                                                   "temperature", "seed"))}
     return common.cached_json(os.path.join(sft_dir, "eval.json"), fingerprint, compute)
 
 
@@ -547,7 +569,8 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
         program, out, fingerprint=rl_fingerprint(cfg, rl, sft_step), resumable=RESUMABLE,
         schedule=loop.Schedule(num_steps=rl.num_steps, checkpoint_every=rl.checkpoint_every,
                                eval_every=int(cfg.eval.every),
-                               max_to_keep=rl.max_checkpoints_to_keep, log_every=rl.log_every),
+                               max_to_keep=rl.max_checkpoints_to_keep, log_every=rl.log_every,
+                               async_checkpoint=bool(rl.get("async_checkpoint", False))),
         hooks=loop.Hooks(on_start=on_start, record=record, evaluate=evaluate,
                          log_keys=("reward_mean", "mixed_fraction", "rollouts_min",
                                    "rollouts_max", "kappa_min", "kappa_mean", "loss",
@@ -1004,6 +1027,7 @@ def stage_regime(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dic
             "paired": table["paired"],
             "diagnostics": {m: {f: e.get(f) for f in ("mixed_fraction", "kappa_true_min",
                                                      "kappa_true_mean", "kappa_believed_min",
+                                                     "kappa_true_min_solvable",
                                                      "never_solved_share")}
                             for m, e in table["methods"].items()},
             "pass_at_k": {m: {k: v["mean"] for k, v in e["pass_at_k"].items()}
@@ -1043,10 +1067,11 @@ def write_regime(out: dict[str, Any], results_dir: str, stem: str = "regime_map"
 
 def regime_markdown(out: dict[str, Any]) -> str:
     """One row per (cell, compared method): pass@1 and pass@k_max differences with CIs and
-    verdicts, mixed fraction and realised κ_min of both arms."""
+    verdicts; of both arms the mixed fraction, the realised κ_min over solvable mazes and the
+    budget share on never-solved mazes."""
     lines = ["| P | N0 | n_max | θ | method | Δ pass@1 [95 % CI] | Δ pass@k_max [95 % CI] | "
-             "mixed (base / method) | κ_min realised (base / method) | budget on never-solved "
-             "(base / method) |",
+             "mixed (base / method) | κ_min realised, solvable mazes (base / method) | budget on "
+             "never-solved (base / method) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for cell in out["cells"].values():
         diag = cell["diagnostics"]
@@ -1065,7 +1090,8 @@ def regime_markdown(out: dict[str, Any]) -> str:
                          f"{_ci(e['1'])} {_short(e['1']['verdict'])} | k={kmax}: "
                          f"{_ci(e[kmax])} {_short(e[kmax]['verdict'])} | "
                          f"{d(base, 'mixed_fraction')} / {d(arm, 'mixed_fraction')} | "
-                         f"{d(base, 'kappa_true_min')} / {d(arm, 'kappa_true_min')} | "
+                         f"{d(base, 'kappa_true_min_solvable')} / "
+                         f"{d(arm, 'kappa_true_min_solvable')} | "
                          f"{d(base, 'never_solved_share')} / {d(arm, 'never_solved_share')} |")
     return "\n".join(lines) + "\n"
 
