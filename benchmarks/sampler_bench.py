@@ -31,12 +31,11 @@ one core; torch gets `torch.set_num_threads(len(os.sched_getaffinity(0)))`).
 
 from __future__ import annotations
 
-import os
 import statistics
-import tempfile
 import time
 
 from absl import app, flags
+from bench_common import hf_model, hf_sample, matmul_peak_flops, sampler_flops, torch_threads
 
 _BATCH = flags.DEFINE_list(
     "batch", ["8", "64", "8x8"],
@@ -51,38 +50,6 @@ _SEED = flags.DEFINE_integer("seed", 0, "Weights / prompts / sampling seed.")
 _OUT = flags.DEFINE_string("out", "", "Optional path: write the markdown table there.")
 
 
-def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> tuple[float, float]:
-    """Best float32 FLOP/s of an [n, n] @ [n, n] jnp.dot (2 n^3 FLOPs): (per wall second,
-    per CPU second of this process). The second is robust to other processes' load."""
-    import jax
-    import jax.numpy as jnp
-
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-    dot = jax.jit(jnp.dot)
-    dot(a, b).block_until_ready()
-    best_wall = best_cpu = float("inf")
-    for _ in range(repeats):
-        wall, cpu = time.perf_counter(), time.process_time()
-        dot(a, b).block_until_ready()
-        best_wall = min(best_wall, time.perf_counter() - wall)
-        best_cpu = min(best_cpu, time.process_time() - cpu)
-    return 2 * n**3 / best_wall, 2 * n**3 / best_cpu
-
-
-def sampler_flops(cfg, prefill_rows: int, batch: int, prompt_len: int, new_tokens: int) -> float:
-    """FLOPs of one generate call: `prefill_rows` prompts prefilled, `batch` rows decoded
-    (formula in the module docstring; sera_jax prefills each distinct prompt once, HF every
-    row)."""
-    d, f, h, hkv = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads
-    dh, layers = cfg.resolved_head_dim, cfg.num_layers
-    per_layer = d * h * dh * 2 + d * hkv * dh * 2 + 3 * d * f  # q, o, k, v, gate/up/down
-    n_mm = layers * per_layer + d * cfg.vocab_size
-    prefill = 2 * n_mm * prompt_len + layers * 2 * h * dh * prompt_len * (prompt_len + 1)
-    decode = sum(2 * n_mm + layers * 4 * h * dh * (prompt_len + t) for t in range(1, new_tokens))
-    return float(prefill_rows * prefill + batch * decode)
-
-
 def main(argv):
     del argv
     import jax
@@ -94,16 +61,12 @@ def main(argv):
 
     from sera_jax.models.configs import MAZE_POLICY
     from sera_jax.models.decoder import Decoder, count_params
-    from sera_jax.models.weights import save_hf_checkpoint
     from sera_jax.sampling import SamplingConfig, generate
 
-    threads = len(os.sched_getaffinity(0))
-    torch.set_num_threads(threads)
+    threads = torch_threads()
     cfg = MAZE_POLICY
     model = Decoder(cfg, rngs=nnx.Rngs(_SEED.value))
-    tmp = tempfile.mkdtemp(prefix="sampler_bench_")
-    save_hf_checkpoint(model, tmp)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+    hf = hf_model(model)
     p_len, t_new = _PROMPT_LEN.value, _NEW_TOKENS.value
     peak, peak_cpu = matmul_peak_flops()
     print(f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__}, "
@@ -137,13 +100,8 @@ def main(argv):
             return out
 
         def run_hf(new_tokens, ids=ids, samples=samples):
-            with torch.inference_mode():
-                return hf.generate(
-                    input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                    temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
-                    min_new_tokens=new_tokens, num_return_sequences=samples, pad_token_id=0,
-                    eos_token_id=None,
-                )
+            return hf_sample(hf, ids, torch.ones_like(ids), new_tokens=new_tokens,
+                             samples=samples)
 
         start = time.perf_counter()
         run_jax(key)

@@ -15,6 +15,16 @@ Cost does not grow with the number of rollouts beyond O(B + P·C) array work:
   of the network carries it to the parameters, whatever N0 is. Many cotangents (draws,
   allocators) share one forward pass (`gradient_alignment`).
 
+Rollout j of image q draws its label with the key `fold_in(fold_in(key, q), j)`
+(`rollout_labels`), so draws are paired across methods image by image (common random
+numbers). A two-stage method (`Method.two_stage`, e.g. `sera_sequential`) is measured with
+the lab's protocol: its pilot is rollouts 0..m−1 of every image (`pilot_successes`, m =
+`Method.pilot_size(n_min)`), the allocator gets their successes (`allocate_batch(...,
+pilot_successes=K1)`, one allocation per draw), and the cotangent then draws rollouts
+0..N_q−1 with the same key -- the pilot included, with the multiplicity weights N0/N_q of the
+realised counts. E[cotangent | pilot] is `expected_logit_cotangent` with the scale given the
+pilot (`Method.expected_scale`, i.e. `allocation.beyond.conditional_scale`).
+
 Signs: every gradient here is the gradient of a *loss* (RL surrogate or mean CE), so the
 two are aligned when their cosine is +1.
 """
@@ -22,6 +32,8 @@ two are aligned when their cosine is +1.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sera_jax import estimators, metrics, scaling
+from sera_jax import estimators, metrics
 from sera_jax import methods as methods_lib
 
 # ----------------------------------------------------------------------------- exact p
@@ -61,24 +73,58 @@ def success_probs(logits: Any, labels: Any) -> np.ndarray:
 # ----------------------------------------------------------------------------- methods
 
 
+#: Draws whose other images' pilots are averaged over in a two-stage method's E[c_q]
+#: (`allocate_batch`): image q's own pilot is enumerated exactly, so few are needed.
+PILOT_AVERAGE_DRAWS = 32
+
+
 @dataclasses.dataclass(frozen=True)
 class AllocatedBatch:
-    """Host-side result of one allocator on one batch (NumPy arrays, shape [P])."""
+    """Host-side result of one method on one batch (NumPy arrays, shape [P], or [R, P] for a
+    two-stage method: one allocation per draw R, each after that draw's pilot).
 
-    counts: np.ndarray  # int32, sum == budget
+    `kappa` is E[scale | allocation] (`Method.expected_scale`): κ(p_q, N_q) one-shot, the
+    scale given the draw's pilot two-stage. A two-stage batch also carries the pilot averaged
+    out, per image: `kappa_bar` = E[c_q] (comparable with a one-shot κ(p, N_q), which is
+    E[c_q] for fixed counts) and `cot_scale` = E[w_q N_q c_q]/N0 (the expected cotangent's
+    scale, = `kappa_bar` with the weights N0/N_q).
+    """
+
+    counts: np.ndarray  # int32, sum == budget (per draw)
     weights: np.ndarray  # float32: N0/N_q on active prompts (1 for the ablation), 0 inactive
-    kappa: np.ndarray  # float64 κ(p_q, N_q, shift); 0 for inactive prompts
+    kappa: np.ndarray  # float64 E[scale | allocation]; 0 for inactive prompts
     active: np.ndarray  # bool
+    kappa_bar: np.ndarray | None = None  # float64 [P], two-stage only
+    cot_scale: np.ndarray | None = None  # float64 [P], two-stage only
+
+    @property
+    def num_draws(self) -> int:
+        """R for a per-draw (two-stage) allocation, 0 for one allocation shared by all draws."""
+        return 0 if self.counts.ndim == 1 else int(self.counts.shape[0])
+
+    def draw(self, r: int) -> AllocatedBatch:
+        """The allocation that draw r uses ([P] arrays; itself for a one-shot method)."""
+        if not self.num_draws:
+            return self
+        return AllocatedBatch(self.counts[r], self.weights[r], self.kappa[r], self.active[r])
+
+    def _scale_over_active(self) -> np.ndarray:
+        """The per-image scale the κ diagnostics summarise: κ, or κ̄ for a two-stage batch."""
+        if not self.num_draws or self.kappa_bar is None:
+            return self.kappa[self.active]
+        return self.kappa_bar[self.active.any(axis=0)]
 
     @property
     def kappa_min(self) -> float:
-        """Smallest realised scale factor over the active prompts."""
-        return float(self.kappa[self.active].min()) if self.active.any() else 0.0
+        """Smallest scale factor over the active prompts (E[c_q] for a two-stage batch)."""
+        k = self._scale_over_active()
+        return float(k.min()) if k.size else 0.0
 
     @property
     def kappa_mean(self) -> float:
-        """Mean realised scale factor over the active prompts."""
-        return float(self.kappa[self.active].mean()) if self.active.any() else 0.0
+        """Mean scale factor over the active prompts (E[c_q] for a two-stage batch)."""
+        k = self._scale_over_active()
+        return float(k.mean()) if k.size else 0.0
 
     @property
     def active_frac(self) -> float:
@@ -86,27 +132,98 @@ class AllocatedBatch:
 
 
 def allocate_batch(name: str, p: np.ndarray, n0: int, *, n_min: int, n_max: int,
-                   threshold: float | None = None, shift: int = 1) -> AllocatedBatch:
+                   threshold: float | None = None, shift: int = 1,
+                   pilot_successes: np.ndarray | None = None,
+                   pilot_average_draws: int = PILOT_AVERAGE_DRAWS) -> AllocatedBatch:
     """Run method `name` (a key of `sera_jax.methods.METHODS`) with budget P·n0 on exact p.
 
     `threshold` (θ of the dynamic active set) overrides the preset of the methods whose
-    allocator uses it (SERA's dynamic variants) and is not passed to the others.
+    allocator uses it (SERA's dynamic variants) and is not passed to the others. A two-stage
+    method needs `pilot_successes`, int [P] or [R, P] with values in [0, m], m =
+    `Method.pilot_size(n_min)` (from `pilot_successes(...)`: rollouts 0..m−1 of every image);
+    the result then has the same shape (one allocation per draw, vmapped). For [R, P] it also
+    has `kappa_bar` and `cot_scale`: image q's own pilot K¹_q ~ Binomial(m, p_q) enumerated
+    exactly, the other images' pilots (which move N_q only through the shared allocation)
+    averaged over the first `pilot_average_draws` draws:
+    E[f_q] = Σ_k Binom(k; m, p_q) · mean_r f(p_q, k, N_q(K¹_r with K¹_{r,q} := k)).
     """
     method = methods_lib.get_method(name)
     if threshold is not None and "threshold" in method.options:
         method = methods_lib.resolve(name, {"threshold": threshold})
     p = np.asarray(p, np.float64)
+    k1 = _check_pilot(method, pilot_successes, p.shape[0], n_min)
+    counts, weights, kappa = _allocate_arrays(method, p, n0, k1, n_min, n_max, shift)
+    out = AllocatedBatch(counts=counts, weights=weights, kappa=kappa, active=counts > 0)
+    if k1 is None or k1.ndim == 1:
+        return out
+    if isinstance(pilot_average_draws, bool) or not (
+            isinstance(pilot_average_draws, int | np.integer) and pilot_average_draws >= 1):
+        raise ValueError(f"pilot_average_draws={pilot_average_draws!r}; must be an int >= 1")
+    kappa_bar, cot_scale = _own_pilot_averaged(method, p, n0, k1[:pilot_average_draws], n_min,
+                                               n_max, shift)
+    return dataclasses.replace(out, kappa_bar=kappa_bar, cot_scale=cot_scale)
+
+
+def _allocate_arrays(method: methods_lib.Method, p: np.ndarray, n0: int, k1: Any, n_min: int,
+                     n_max: int, shift: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(counts int32, weights float32, kappa float64) of `method` on p, per pilot row of k1
+    (vmapped; None = one-shot), inactive prompts' kappa 0."""
     budget = int(p.shape[0]) * int(n0)
+    kw = dict(n_min=n_min, n_max=n_max, shift=shift)
     # float64 inside the allocator: p reaches 1e-300 (SERA_SPEC §4, "Oracle").
     with jax.enable_x64(True):
-        alloc = jax.device_get(method.allocate(p, budget, n_min=n_min, n_max=n_max,
-                                               shift=shift))
-        kappa = np.asarray(scaling.kappa(p, np.asarray(alloc.counts), shift=shift), np.float64)
-    counts = np.asarray(alloc.counts, np.int32)
-    active = counts > 0
-    weights = method.prompt_weights(counts, np.asarray(alloc.weights, np.float32))
-    kappa = np.where(active, kappa, 0.0)
-    return AllocatedBatch(counts=counts, weights=weights, kappa=kappa, active=active)
+        if k1 is None:
+            alloc = method.allocate(p, budget, **kw)
+        else:
+            one = lambda k: method.allocate(p, budget, pilot_successes=k, **kw)  # noqa: E731
+            alloc = one(k1) if k1.ndim == 1 else jax.vmap(one)(k1)
+        counts = np.asarray(jax.device_get(alloc.counts), np.int32)
+        kappa = np.asarray(method.expected_scale(p, counts, n_min=n_min, pilot_successes=k1,
+                                                 shift=shift), np.float64)
+    weights = method.prompt_weights(counts, np.asarray(jax.device_get(alloc.weights),
+                                                       np.float32))
+    return counts, weights, np.where(counts > 0, kappa, 0.0)
+
+
+def _own_pilot_averaged(method: methods_lib.Method, p: np.ndarray, n0: int, k1: np.ndarray,
+                        n_min: int, n_max: int, shift: int) -> tuple[np.ndarray, np.ndarray]:
+    """(E[c_q], E[w_q N_q c_q]/N0) per image: own pilot enumerated, the rest from k1's rows
+    (see `allocate_batch`); R'·P·(m+1) allocations in one vmapped call."""
+    m, (rows, num) = method.pilot_size(n_min), k1.shape
+    q, ks = np.arange(num), np.arange(m + 1)
+    sub = np.array(np.broadcast_to(k1[:, None, None, :], (rows, num, m + 1, num)))
+    sub[:, q, :, q] = ks  # row (r, q, k): draw r's pilot with image q's successes set to k
+    counts, weights, kappa = _allocate_arrays(method, p, n0, sub.reshape(-1, num), n_min,
+                                              n_max, shift)
+    own = lambda x: x.reshape(rows, num, m + 1, num)[:, q, :, q]  # noqa: E731 -> [P, R', m+1]
+    c = own(kappa)
+    wnc = own(weights.astype(np.float64) * counts * kappa) / n0
+    binom = np.array([math.comb(m, k) for k in ks]) * p[:, None] ** ks * (1 - p[:, None]) ** (
+        m - ks)
+    return np.sum(binom * c.mean(1), 1), np.sum(binom * wnc.mean(1), 1)
+
+
+def _check_pilot(method: methods_lib.Method, k1: Any, num: int, n_min: int
+                 ) -> np.ndarray | None:
+    """`pilot_successes` as int32 after checking it fits `method` (None for a one-shot one)."""
+    if not method.two_stage:
+        if k1 is not None:
+            raise ValueError(f"method {method.name!r} allocates before any rollout; "
+                             "pilot_successes is only for two-stage methods")
+        return None
+    m = method.pilot_size(n_min)
+    if k1 is None:
+        raise ValueError(f"method {method.name!r} is two-stage: draw its pilot of {m} "
+                         "rollouts per image first and pass pilot_successes=... "
+                         "(alignment.pilot_successes)")
+    k1 = np.asarray(k1)
+    if k1.ndim not in (1, 2) or k1.shape[-1] != num or not np.issubdtype(k1.dtype, np.integer):
+        raise ValueError(f"pilot_successes must be integers of shape ({num},) or (R, {num}); "
+                         f"got {k1.dtype}{list(k1.shape)}")
+    if k1.size and (k1.min() < 0 or k1.max() > m):
+        raise ValueError(f"pilot_successes must lie in [0, pilot={m}]; got "
+                         f"{k1.min()}..{k1.max()}")
+    return k1.astype(np.int32)
 
 
 # ----------------------------------------------------------------------------- cotangents
@@ -118,13 +235,55 @@ def ce_logit_cotangent(logits: jax.Array, labels: jax.Array) -> jax.Array:
         lambda z: optax.softmax_cross_entropy_with_integer_labels(z, labels).mean())(logits)
 
 
+def rollout_labels(key: jax.Array, logits: jax.Array, images: jax.Array, ranks: jax.Array
+                   ) -> jax.Array:
+    """Label of rollout `ranks[r]` of image `images[r]`, for every r: a draw from
+    softmax(logits_q) (Gumbel-max on the logits: exact for tiny p) with its own key
+    `fold_in(fold_in(key, q), j)`.
+
+    Rollout j of image q depends on (key, q, j) only, never on the other images' counts, so
+    methods that give image q N and N' rollouts share its first min(N, N') labels (common
+    random numbers), and a two-stage method's pilot is rollouts 0..m−1 of its final ones.
+    """
+    def one(q, j):
+        k = jax.random.fold_in(jax.random.fold_in(key, q), j)
+        return jax.random.categorical(k, logits[q])
+
+    return jax.vmap(one)(images, ranks).astype(jnp.int32)
+
+
 def sample_rollouts(key: jax.Array, logits: jax.Array, counts: jax.Array, budget: int
                     ) -> tuple[jax.Array, jax.Array]:
-    """`(segment_ids, labels)` of the B = `budget` rollouts: image q gets counts[q] labels
-    drawn i.i.d. from softmax(logits_q) (Gumbel-max on the logits: exact for tiny p)."""
+    """`(segment_ids, labels)` of the B = `budget` rollouts: image q gets counts[q] labels,
+    its rollouts 0..counts[q]−1 (`rollout_labels`)."""
     segment_ids = estimators.segment_ids_from_counts(counts, budget)
-    labels = jax.random.categorical(key, logits[segment_ids], axis=-1)
-    return segment_ids, labels.astype(jnp.int32)
+    counts = jnp.asarray(counts)
+    ranks = jnp.arange(budget) - (jnp.cumsum(counts) - counts)[segment_ids]
+    return segment_ids, rollout_labels(key, logits, segment_ids, ranks)
+
+
+@functools.partial(jax.jit, static_argnames="pilot")
+def _pilot_successes(keys: jax.Array, logits: jax.Array, labels: jax.Array, pilot: int
+                     ) -> jax.Array:
+    num = logits.shape[0]
+    images = jnp.repeat(jnp.arange(num), pilot)
+    ranks = jnp.tile(jnp.arange(pilot), num)
+
+    def one(key):
+        hits = rollout_labels(key, logits, images, ranks) == labels[images]
+        return jnp.sum(hits.reshape(num, pilot), axis=1, dtype=jnp.int32)
+
+    return jax.vmap(one)(keys)
+
+
+def pilot_successes(keys: jax.Array, logits: jax.Array, labels: jax.Array, pilot: int
+                    ) -> np.ndarray:
+    """K¹ [R, P] (host int32): successes among rollouts 0..pilot−1 of every image, for each
+    draw key of `keys` [R] -- the first rollouts `maxrl_logit_cotangent` draws with that key,
+    so the pilot is part of the final rollouts (the protocol of `sera_jax.lab.train`)."""
+    if isinstance(pilot, bool) or not isinstance(pilot, int | np.integer) or pilot < 1:
+        raise ValueError(f"pilot={pilot!r}; must be an integer >= 1")
+    return np.asarray(jax.device_get(_pilot_successes(keys, logits, labels, int(pilot))))
 
 
 def maxrl_logit_cotangent(key: jax.Array, logits: jax.Array, labels: jax.Array,
@@ -164,10 +323,31 @@ def expected_logit_cotangent(logits: jax.Array, labels: jax.Array, kappa: jax.Ar
     alignment of the allocator's *bias* alone (no sampling noise).
     """
     num_prompts = logits.shape[0]
-    scale = weights * counts.astype(weights.dtype) * kappa.astype(weights.dtype) / (
-        num_prompts * n0)
+    weights = jnp.asarray(weights)
+    scale = weights * jnp.asarray(counts).astype(weights.dtype) * jnp.asarray(kappa).astype(
+        weights.dtype) / (num_prompts * n0)
     score = jax.nn.one_hot(labels, logits.shape[-1]) - jax.nn.softmax(logits, axis=-1)
     return -scale[:, None] * score
+
+
+def expected_cotangent_of(alloc: AllocatedBatch, logits: jax.Array, labels: jax.Array, n0: int
+                          ) -> jax.Array:
+    """`expected_logit_cotangent` of a method's allocation, [P, C].
+
+    One-shot: E over rollouts given the fixed counts. Two-stage ([R, P] arrays): over the
+    pilots too, E[cotangent] = −(1/P) Σ_q `cot_scale`_q (e_{y_q} − softmax(z_q)), with
+    `cot_scale` = E[w_q N_q c_q]/N0 from `allocate_batch`.
+    """
+    if not alloc.num_draws:
+        return expected_logit_cotangent(logits, labels, alloc.kappa, alloc.counts,
+                                        alloc.weights, n0)
+    if alloc.cot_scale is None:
+        raise ValueError("a per-draw allocation needs its cot_scale (allocate_batch with "
+                         "pilot_successes of shape [R, P])")
+    scale = alloc.cot_scale
+    return expected_logit_cotangent(logits, labels, jnp.asarray(scale, jnp.float32),
+                                    jnp.ones(scale.shape, jnp.int32),
+                                    jnp.ones(scale.shape, jnp.float32), 1)
 
 
 # ----------------------------------------------------------------------------- alignment

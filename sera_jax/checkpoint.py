@@ -256,6 +256,12 @@ class Checkpointer:
 
     All processes of a multi-host job must call `save` and `restore` (Orbax coordinates the
     writes; arrays are global `jax.Array`s).
+
+    `async_save=True`: `save` returns once the state is in host memory (Orbax copies device
+    arrays first; on CPU it holds views, which JAX will not donate) and Orbax writes and
+    commits in the background. Every other method (the next `save`, `latest_step`,
+    `restore`, `close`, ...) first waits for that write; a failed write raises
+    `CheckpointError` from the first of them.
     """
 
     def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 3,
@@ -272,11 +278,13 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         """Largest fully written step, or None (unfinished temporary directories are ignored)."""
+        self.wait_until_finished()  # an in-flight step is not on disk yet
         self._manager.reload()
         return self._manager.latest_step()
 
     def all_steps(self) -> list[int]:
         """All fully written steps, ascending."""
+        self.wait_until_finished()
         self._manager.reload()
         return sorted(self._manager.all_steps())
 
@@ -286,8 +294,11 @@ class Checkpointer:
 
         Also stores the tree signature, a checksum of every leaf and of `meta`. Raises
         ValueError for a reserved or non-JSON meta, CheckpointError when the disk is full
-        or not writable (the previous checkpoints stay intact).
+        or not writable (the previous checkpoints stay intact). With `async_save`, first
+        waits for the previous write (raising its error) and returns before this one is
+        written.
         """
+        self.wait_until_finished()
         meta = dict(meta or {})
         reserved = [k for k in _RESERVED if k in meta]
         if reserved:
@@ -324,17 +335,19 @@ class Checkpointer:
             f"Fix: free space / fix permissions in {self.directory} and resume the run.")
 
     def wait_until_finished(self) -> None:
-        """Block until an asynchronous save has been committed."""
+        """Block until an asynchronous save has been committed (a no-op when none is pending).
+
+        Raises CheckpointError when the background write failed, whatever the cause: the
+        step was not committed and the previous checkpoints are intact.
+        """
         try:
             self._manager.wait_until_finished()
-        except Exception as e:
-            what = _write_error(e)
-            if what is None:
-                raise
+        except Exception as e:  # noqa: BLE001 -- Orbax / TensorStore raise many types
+            what = _write_error(e) or f"{type(e).__name__}: {str(e)[:500]}"
             raise CheckpointError(
-                f"an asynchronous checkpoint write to {self.directory} failed: {what} ({e}); "
-                "the previous checkpoints are intact. Fix: free space / fix permissions in "
-                f"{self.directory} and resume the run.") from e
+                f"an asynchronous checkpoint write to {self.directory} failed: {what}; that "
+                "step was not committed and the previous checkpoints are intact. Fix: free "
+                f"space / fix permissions in {self.directory} and resume the run.") from e
 
     def _step_dir(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
@@ -353,6 +366,7 @@ class Checkpointer:
 
     def restore_meta(self, step: int | None = None) -> dict[str, Any]:
         """The metadata dict of `step` (default latest), without the signature / checksums."""
+        self.wait_until_finished()
         step = self._resolve_step(step)
         meta = self._read_meta(step)
         for key in _RESERVED:
@@ -396,6 +410,7 @@ class Checkpointer:
         file of the step is missing or unreadable, or when restored array data does not
         match the checksum saved with it.
         """
+        self.wait_until_finished()
         step = self._resolve_step(step)
         meta = self._read_meta(step)
         meta.pop(_META_CHECKSUM_KEY, None)
@@ -438,9 +453,12 @@ class Checkpointer:
                       "(a corrupted file: disk, copy or transfer error)", corrupt=True)
 
     def close(self) -> None:
-        """Finish pending writes and release Orbax resources."""
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Finish pending writes and release Orbax resources (CheckpointError when a
+        pending asynchronous write failed; the resources are released either way)."""
+        try:
+            self.wait_until_finished()
+        finally:
+            self._manager.close()
 
     def __enter__(self) -> Checkpointer:
         return self

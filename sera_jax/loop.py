@@ -23,12 +23,21 @@ What one call does, in order:
 5. evaluation (`hooks.evaluate`) every `eval_every` steps and at the end; checkpoints
    every `checkpoint_every` steps, at every evaluation and at the end.
 
+With `schedule.async_checkpoint` a save returns once the state is in host memory and the
+write runs while the next steps do. The state being written cannot change under it: Orbax
+copies device arrays to the host before `save` returns (on CPU it keeps zero-copy views,
+and JAX does not donate a buffer that has one, so a donating step leaves it intact). The
+loop waits for the write before the next save (and Orbax's rotation of old steps), before
+naming the last good checkpoint of a non-finite step, and before returning; a failed
+background write raises `CheckpointError` there.
+
 `stop_after` ends the call after that many steps, as a kill would (tests). Records are
 written by process 0 only (`sera_jax.records`); every process must call `run`.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -76,6 +85,9 @@ class Schedule:
     eval_every: int = 0  # 0 = only at the end (when hooks.evaluate is set)
     max_to_keep: int = 3
     log_every: int = 10
+    #: Write checkpoints in the background (Orbax async): `save` returns once the state is
+    #: on the host and the next step runs during the write; see `run`.
+    async_checkpoint: bool = False
 
 
 @dataclasses.dataclass
@@ -149,6 +161,36 @@ def canonical(tree: Any) -> Any:
         tree = tree.to_dict()
     return json.loads(json.dumps(tree, default=lambda x: x.to_dict() if hasattr(x, "to_dict")
                                  else str(x)))
+
+
+_ANY = object()  # trim_fields: drop the field whatever its value
+
+
+def trim_fields(tree: Mapping[str, Any], omit: Sequence[str] = (),
+                defaults: Mapping[str, Any] | None = None) -> dict:
+    """A copy of the nested dict `tree` without the dotted fields `omit` and without those of
+    `defaults` whose value equals the default given there.
+
+    Why: an option added after runs were started would otherwise change their fingerprints
+    (refusing their resume, recomputing their cached evaluations) although at its default
+    it changes nothing; an option that never changes results belongs in no fingerprint.
+    """
+    out = copy.deepcopy(canonical(tree))
+
+    def pop(path: str, only_if: Any = _ANY) -> None:
+        *parents, last = path.split(".")
+        node = out
+        for key in parents:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict) and last in node and (only_if is _ANY
+                                                        or node[last] == only_if):
+            del node[last]
+
+    for path in omit:
+        pop(path)
+    for path, default in (defaults or {}).items():
+        pop(path, default)
+    return out
 
 
 def changed_fields(stored: Mapping, current: Mapping, resumable: Sequence[str] = ()
@@ -232,7 +274,8 @@ def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
     t0 = time.perf_counter()
     os.makedirs(run_dir, exist_ok=True)
     ckpt = ckpt_lib.Checkpointer(os.path.join(run_dir, "checkpoints"),
-                                 max_to_keep=schedule.max_to_keep)
+                                 max_to_keep=schedule.max_to_keep,
+                                 async_save=schedule.async_checkpoint)
     writer = None
     try:
         state = program.init_state()
@@ -256,6 +299,7 @@ def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
             t_step = time.perf_counter()
             state, metrics = program.step(state, step)
             if metrics.get("finite", 1.0) != 1.0:
+                ckpt.wait_until_finished()  # the message names a committed checkpoint
                 last = ckpt.latest_step()
                 where = (f"the last good checkpoint is {os.path.join(ckpt.directory, str(last))}"
                          if last is not None else "there is no checkpoint yet")
@@ -282,8 +326,17 @@ def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
                                     and step % schedule.checkpoint_every == 0):
                 ckpt.save(step, state, {"step": step, **program.position(state),
                                         "fingerprint": canonical(fingerprint)})
-    finally:
+        ckpt.wait_until_finished()  # the last write is committed (or fails) before we return
+    except BaseException:
+        # Do not let a failing background write replace the error already propagating.
+        try:
+            ckpt.close()
+        except Exception as e:  # noqa: BLE001
+            logging.error("%s: closing the checkpointer failed too: %s", run_dir, e)
+        raise
+    else:
         ckpt.close()
+    finally:
         if writer is not None:
             writer.close()
     return Result(state=state, step=step, resumed_from=resumed_from,

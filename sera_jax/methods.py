@@ -32,6 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from sera_jax import allocation as allocation_lib
+from sera_jax import scaling
+from sera_jax.allocation import beyond
 from sera_jax.estimators import ADVANTAGE_ESTIMATORS
 
 #: Keys a user may override on top of a method preset (`None` = keep the preset's).
@@ -65,10 +67,14 @@ class Method:
     @property
     def two_stage(self) -> bool:
         """The allocator needs in-step pilot outcomes (`pilot_successes`): usable where the
-        caller draws a pilot first (the allocation lab), not by the LM trainer."""
-        from sera_jax.allocation.beyond import TWO_STAGE
+        caller draws a pilot first (the allocation lab, the alignment study's measure mode),
+        not by the LM trainer."""
+        return self.allocator in beyond.TWO_STAGE
 
-        return self.allocator in TWO_STAGE
+    def pilot_size(self, n_min: int) -> int:
+        """Pilot rollouts per prompt to draw before `allocate` (0 for a one-shot allocator):
+        the allocator's ``pilot`` option, default n_min (`allocation.beyond.pilot_size`)."""
+        return beyond.pilot_size(self.allocator, self.options, n_min)
 
     @property
     def kappa_shift(self) -> int:
@@ -77,11 +83,41 @@ class Method:
         return 1 if shift is None else int(shift)
 
     def allocate(self, p: Any, budget: int, *, n_min: int, n_max: int, unseen: str = "fill",
-                 shift: int | None = None) -> allocation_lib.Allocation:
-        """`ALLOCATORS[allocator](p, budget, ..., **options)`; shift defaults to the estimator's."""
+                 shift: int | None = None, pilot_successes: Any = None, alpha: Any = None,
+                 beta: Any = None) -> allocation_lib.Allocation:
+        """`ALLOCATORS[allocator](p, budget, ..., **options, **inputs)`; shift defaults to the
+        estimator's.
+
+        The per-call inputs are passed only when given: `pilot_successes` (int[P], the
+        successes of the `pilot_size(n_min)` pilot rollouts of each prompt; required by a
+        two-stage allocator, whose call without it raises) and a Beta posterior `alpha`,
+        `beta` (float[P]) for the allocators that take one. An input the allocator does not
+        use raises ValueError (`allocation.check_options`). Traceable (the lab calls it under
+        jit + vmap).
+        """
+        inputs = {k: v for k, v in (("pilot_successes", pilot_successes), ("alpha", alpha),
+                                    ("beta", beta)) if v is not None}
         fn = allocation_lib.get_allocator(self.allocator)
         return fn(p, budget, n_min=n_min, n_max=n_max, unseen=unseen,
-                  shift=self.kappa_shift if shift is None else shift, **self.options)
+                  shift=self.kappa_shift if shift is None else shift, **self.options, **inputs)
+
+    def expected_scale(self, p: Any, counts: Any, *, n_min: int, pilot_successes: Any = None,
+                       shift: int | None = None) -> Any:
+        """E[scale of prompt q's gradient term | the allocation], per prompt (jnp, traceable).
+
+        E[(1/N_q) Σ_i A_i S_i | what chose N_q] = scale_q · ∇log p_q: κ(p_q, N_q, s) for a
+        one-shot allocator (counts fixed before any rollout); for a two-stage one, given its
+        pilot's successes K¹ (of m = `pilot_size(n_min)`), the conditional scale
+        `allocation.beyond.conditional_scale(p, K¹, m, N_q)` (centred MaxRL on all N_q
+        rollouts, pilot included). `shift`: s of the one-shot κ (default the estimator's).
+        Inactive prompts (N_q = 0) are the caller's to mask.
+        """
+        if not self.two_stage:
+            return scaling.kappa(p, counts, self.kappa_shift if shift is None else shift)
+        if pilot_successes is None:
+            raise ValueError(f"method {self.name!r} is two-stage: its scale depends on the "
+                             "pilot's outcomes; pass pilot_successes=...")
+        return beyond.conditional_scale(p, pilot_successes, self.pilot_size(n_min), counts)
 
     def prompt_weights(self, counts: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """The per-prompt loss weights: the allocator's N0/N_q, or 1{N_q > 0} without the

@@ -43,6 +43,7 @@ import numpy as np
 from flax import nnx
 
 from sera_jax.estimators import segment_ids_from_counts
+from sera_jax.models.configs import DTYPE_NAMES
 from sera_jax.models.decoder import KVCache, init_cache, map_row_chunks, positions_from_mask
 
 # Weight of a filtered-out token: -inf gives exact zeros in softmax / categorical.
@@ -72,6 +73,10 @@ class SamplingConfig:
       greedy: argmax decoding (temperature / top-k / top-p ignored).
       stop_ids: generation of a row ends after any of these tokens (which is kept).
       pad_id: written after a row's stop token.
+      cache_dtype: dtype name of the KV cache ("float32" | "bfloat16"); None = the model's
+        compute dtype (`init_cache`'s default), or the dtype of the cache passed to
+        `generate_with_cache`. A bfloat16 cache halves the cache memory a decode step
+        streams; attention still runs in the model's compute dtype.
     """
 
     max_new_tokens: int
@@ -81,6 +86,7 @@ class SamplingConfig:
     greedy: bool = False
     stop_ids: tuple[int, ...] = ()
     pad_id: int = 0
+    cache_dtype: str | None = None
 
     def __post_init__(self):
         if int(self.max_new_tokens) < 1:
@@ -93,6 +99,9 @@ class SamplingConfig:
             raise ValueError(f"top_p={self.top_p} must be in (0, 1] (1.0 disables it)")
         if int(self.top_k) < 0:
             raise ValueError(f"top_k={self.top_k} must be >= 0 (0 disables it)")
+        if self.cache_dtype is not None and self.cache_dtype not in DTYPE_NAMES:
+            raise ValueError(f"cache_dtype={self.cache_dtype!r} must be None or one of "
+                             f"{DTYPE_NAMES}")
         # Normalise so equal configs hash equal (a list or numpy ints would break jit caching).
         object.__setattr__(self, "stop_ids", tuple(int(s) for s in self.stop_ids))
 
@@ -323,6 +332,10 @@ def generate_with_cache(
             f"cache has batch {cache.valid.shape[0]} and {cache.valid.shape[1]} slots; need "
             f"batch {batch} and cache_length({width}, config) = {need} slots"
         )
+    given = jax.tree.leaves(cache.k)[0].dtype
+    if config.cache_dtype is not None and given != jnp.dtype(config.cache_dtype):
+        raise ValueError(f"cache holds {given} keys/values; config.cache_dtype is "
+                         f"{config.cache_dtype!r} (make it with init_cache(cfg, ..., dtype))")
     return _run(model, prompt_tokens, prompt_mask, key, config, row_keys, segment_ids,
                 cache=cache)
 
@@ -397,6 +410,11 @@ def _generate_jit(
     batch = row_keys.shape[0]
     steps = config.max_new_tokens
     slots = cache_length(width, config)
+    # The prompt cache takes the final cache's dtype: the configured one, else that of a
+    # caller's (donated) cache, else the model's compute dtype (init_cache's None).
+    cache_dtype = config.cache_dtype
+    if cache_dtype is None and cache is not None:
+        cache_dtype = jax.tree.leaves(cache.k)[0].dtype
 
     # Prefill each distinct prompt once into a W-slot cache (attention over W, not all
     # `slots`), a chunk of rows at a time, then copy its keys/values to the rows that
@@ -406,7 +424,7 @@ def _generate_jit(
         logits, prefilled = model(
             tokens,
             positions_from_mask(mask),
-            cache=init_cache(cfg, tokens.shape[0], width),
+            cache=init_cache(cfg, tokens.shape[0], width, cache_dtype),
             attention_mask=mask,
             last_only=True,  # left padding: every row's last prompt token is at W - 1
         )
@@ -418,14 +436,14 @@ def _generate_jit(
     if segment_ids is not None:
         logits, mask = logits[segment_ids], mask[segment_ids]
         prefilled_k, prefilled_v = (
-            tuple(jnp.take(x, segment_ids, axis=0) for x in kv)
-            for kv in (prefilled_k, prefilled_v))
+            jax.tree.map(lambda x: jnp.take(x, segment_ids, axis=0), kv)
+            for kv in (prefilled_k, prefilled_v))  # rows are axis 0 in both cache layouts
 
     # Decode phase i runs on a cache of exactly the slots its steps can reach (growing at
     # each phase boundary; the last phase is the full, possibly donated, buffer).
     ends = decode_phase_ends(steps)
     phase_slots = [width + end - 1 for end in ends] or [slots]
-    full = init_cache(cfg, batch, slots) if cache is None else cache
+    full = init_cache(cfg, batch, slots, cache_dtype) if cache is None else cache
     prompt_cache = KVCache(
         k=prefilled_k, v=prefilled_v, valid=mask, index=jnp.asarray(width, full.index.dtype))
     cache = _grow_cache(prompt_cache, phase_slots[0], full)
@@ -499,8 +517,10 @@ def _grow_cache(cache: KVCache, slots: int, full: KVCache) -> KVCache:
 
     batch = cache.valid.shape[0]
     return KVCache(
-        k=tuple(grow(old, t, 3) for old, t in zip(cache.k, full.k)),  # [B, Hkv, Dh, S]
-        v=tuple(grow(old, t, 2) for old, t in zip(cache.v, full.v)),  # [B, Hkv, S, Dh]
+        # Keys [B, (L,) Hkv, Dh, S], values [B, (L,) Hkv, S, Dh]: per-layer tuples or the
+        # stacked arrays of a scan_layers model.
+        k=jax.tree.map(lambda old, t: grow(old, t, old.ndim - 1), cache.k, full.k),
+        v=jax.tree.map(lambda old, t: grow(old, t, old.ndim - 2), cache.v, full.v),
         valid=jnp.zeros((batch, slots), bool).at[:, :cache.max_len].set(cache.valid),
         index=cache.index,
     )

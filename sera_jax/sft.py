@@ -54,7 +54,15 @@ def get_config() -> ml_collections.ConfigDict:
     c.log_every = 50
     c.checkpoint_every = 500  # 0 = only the final step
     c.max_checkpoints_to_keep = 2
+    c.async_checkpoint = False  # write checkpoints in the background (same results)
     return c
+
+
+def config_fingerprint(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """`config` as the dict that identifies an SFT run: `to_dict()` without
+    `async_checkpoint` (it never changes results, and runs started before it existed keep
+    their fingerprints and cached evaluations)."""
+    return loop.trim_fields(config.to_dict(), omit=("async_checkpoint",))
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -81,6 +89,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
          c.checkpoint_every, ">= 0"),
         (whole(c.max_checkpoints_to_keep) and c.max_checkpoints_to_keep >= 1,
          "max_checkpoints_to_keep", c.max_checkpoints_to_keep, ">= 1"),
+        (isinstance(c.get("async_checkpoint", False), bool), "async_checkpoint",
+         c.get("async_checkpoint"), "True or False"),
     ]
     for ok, field, value, allowed in checks:
         if not ok:
@@ -162,7 +172,8 @@ ExamplesFn = Callable[[np.ndarray], tuple[list[np.ndarray], list[np.ndarray]]]
 
 #: Fingerprint fields a resumed SFT run may change: logging and checkpoint cadence only
 #: (`num_steps` sets the cosine schedule, so a longer run is a different run).
-RESUMABLE = ("sft.log_every", "sft.checkpoint_every", "sft.max_checkpoints_to_keep")
+RESUMABLE = ("sft.log_every", "sft.checkpoint_every", "sft.max_checkpoints_to_keep",
+             "sft.async_checkpoint")
 
 
 class SFTProgram:
@@ -228,13 +239,15 @@ class SFTProgram:
 def train(program: SFTProgram, run_dir: str, *, fingerprint: dict[str, Any] | None = None,
           stop_after: int | None = None) -> loop.Result:
     """Run `program` to `config.num_steps` in `run_dir` with the one loop (resumes; refuses
-    a resume under another fingerprint, default `{"sft": config}`); the program's model
-    holds the final parameters afterwards."""
+    a resume under another fingerprint, default `{"sft": config_fingerprint(config)}`); the
+    program's model holds the final parameters afterwards."""
     c = program.config
     result = loop.run(
-        program, run_dir, fingerprint=fingerprint or {"sft": c.to_dict()}, resumable=RESUMABLE,
+        program, run_dir, fingerprint=fingerprint or {"sft": config_fingerprint(c)},
+        resumable=RESUMABLE,
         schedule=loop.Schedule(num_steps=c.num_steps, checkpoint_every=c.checkpoint_every,
-                               max_to_keep=c.max_checkpoints_to_keep, log_every=c.log_every),
+                               max_to_keep=c.max_checkpoints_to_keep, log_every=c.log_every,
+                               async_checkpoint=bool(c.get("async_checkpoint", False))),
         hooks=loop.Hooks(log_keys=("loss", "grad_norm", "rows_per_s")), stop_after=stop_after)
     nnx.update(program.model, result.state["params"])
     return result

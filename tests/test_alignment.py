@@ -1,4 +1,9 @@
-"""sera_jax.alignment: exact p, the logit-space MaxRL gradient, and the alignment engine."""
+"""sera_jax.alignment: exact p, the logit-space MaxRL gradient, paired rollouts, the
+two-stage (pilot) protocol, and the alignment engine."""
+
+import functools
+import itertools
+from math import comb
 
 import jax
 import jax.numpy as jnp
@@ -132,3 +137,88 @@ def test_allocate_batch_specs():
     assert strict.active.sum() < s.active.sum()
     eq = alignment.allocate_batch("sera_equalized", p, 8, n_min=2, n_max=64, threshold=0.9)
     assert eq.active.all()
+
+
+def test_rollouts_are_paired_by_image_and_rank():
+    """Rollout j of image q depends on (key, q, j) only: two allocations share each image's
+    first min(N, N') labels, and the pilot is the first m rollouts of the final ones."""
+    z = jax.random.normal(jax.random.key(2), (P, C))
+    y = jnp.arange(P) % C
+    key = jax.random.key(4)
+    a = jnp.array([2, 7, 0, 3, 8, 4], jnp.int32)
+    b = jnp.array([5, 2, 4, 3, 6, 4], jnp.int32)
+    by_image = []
+    for counts in (a, b):
+        seg, labels = map(np.asarray, alignment.sample_rollouts(key, z, counts, 24))
+        by_image.append([labels[seg == q] for q in range(P)])
+    for q in range(P):
+        n = min(len(by_image[0][q]), len(by_image[1][q]))
+        np.testing.assert_array_equal(by_image[0][q][:n], by_image[1][q][:n])
+    k1 = alignment.pilot_successes(key[None], z, y, 2)[0]
+    want = [int(np.sum(by_image[1][q][:2] == int(y[q]))) for q in range(P)]
+    np.testing.assert_array_equal(k1, want)
+
+
+def test_two_stage_allocate_batch_checks_its_pilot():
+    p = np.array([0.1, 0.4, 0.8, 0.95])
+    with pytest.raises(ValueError, match="two-stage"):
+        alignment.allocate_batch("sera_sequential", p, 4, n_min=2, n_max=16)
+    with pytest.raises(ValueError, match="only for two-stage"):
+        alignment.allocate_batch("sera", p, 4, n_min=2, n_max=16, pilot_successes=np.ones(4, int))
+    with pytest.raises(ValueError, match=r"\[0, pilot=2\]"):
+        alignment.allocate_batch("sera_sequential", p, 4, n_min=2, n_max=16,
+                                 pilot_successes=np.array([0, 1, 3, 2]))
+    with pytest.raises(ValueError, match="shape"):
+        alignment.allocate_batch("sera_sequential", p, 4, n_min=2, n_max=16,
+                                 pilot_successes=np.ones(3, int))
+    k1 = np.array([[0, 1, 2, 2], [2, 2, 2, 2], [0, 0, 1, 2]])
+    ab = alignment.allocate_batch("sera_sequential", p, 4, n_min=2, n_max=16, pilot_successes=k1)
+    assert ab.num_draws == 3 and ab.counts.shape == (3, 4)
+    assert (ab.counts.sum(1) == 16).all() and ab.counts.min() >= 2
+    for r in range(3):  # one allocation per draw, the same as allocating that draw alone
+        one = alignment.allocate_batch("sera_sequential", p, 4, n_min=2, n_max=16,
+                                       pilot_successes=k1[r])
+        np.testing.assert_array_equal(one.counts, ab.draw(r).counts)
+        np.testing.assert_allclose(one.kappa, ab.draw(r).kappa)
+    # E[c_q] with the pilot averaged out: image q's own pilot enumerated, so an image at
+    # p ≈ 1 is not ruled by the rare draw whose pilot failed (scale 1/(N(1 − p)) there).
+    assert ab.kappa_bar.shape == (4,) and np.all((ab.kappa_bar > 0) & (ab.kappa_bar < 1))
+    np.testing.assert_allclose(ab.cot_scale, ab.kappa_bar, rtol=1e-6)  # weights N0/N_q
+
+
+def test_two_stage_expectation_is_the_likelihood_gradient_monte_carlo():
+    """sera_sequential through the study's path (pilot = rollouts 0..m−1 with the draw's key,
+    allocation given its successes, cotangent on all N_q rollouts with weights N0/N_q): per
+    image, E[cotangent] = κ̄_q × the exact CE cotangent, κ̄_q = E_pilot[conditional_scale]
+    (enumerated exactly over the joint pilot outcomes). The naive κ(p, N_q) is rejected."""
+    z = jnp.array([[-1.0, 0.5, 0.3], [0.0, 0.2, 0.1], [1.0, -0.5, 0.0]])
+    y = jnp.zeros(3, jnp.int32)
+    n0, n_min, n_max, m = 6, 2, 12, 2
+    p = alignment.success_probs(np.asarray(z), np.asarray(y))  # 0.11 / 0.30 / 0.63
+    kw = dict(n_min=n_min, n_max=n_max)
+    draws = 100_000
+    keys = jax.random.split(jax.random.key(11), draws)
+    k1 = alignment.pilot_successes(keys, z, y, m)
+    ab = alignment.allocate_batch("sera_sequential", p, n0, pilot_successes=k1,
+                                  pilot_average_draws=2_000, **kw)
+    assert len(np.unique(ab.counts, axis=0)) > 3  # the counts really depend on the pilot
+    cot = jax.jit(jax.vmap(functools.partial(alignment.maxrl_logit_cotangent, n0=n0),
+                           in_axes=(0, None, None, 0, 0)))(keys, z, y, ab.counts, ab.weights)
+    cot = np.asarray(cot, np.float64)
+    mean, se = cot.mean(0), cot.std(0) / np.sqrt(draws)
+
+    kbar, naive = np.zeros(3), np.zeros(3)
+    for ks in itertools.product(range(m + 1), repeat=3):
+        prob = np.prod([comb(m, k) * p[q] ** k * (1 - p[q]) ** (m - k) for q, k in enumerate(ks)])
+        one = alignment.allocate_batch("sera_sequential", p, n0, pilot_successes=np.array(ks),
+                                       **kw)
+        kbar += prob * one.kappa  # conditional_scale given this pilot
+        naive += prob * (1 - (1 - p) ** (one.counts - 1))
+    exact = np.asarray(alignment.ce_logit_cotangent(z, y), np.float64)
+    predicted = kbar[:, None] * exact
+    assert np.all(np.abs(mean - predicted) < 4.5 * se + 1e-6), (mean, predicted, se)
+    assert np.max(np.abs(mean - naive[:, None] * exact) / se) > 20
+    # The study's κ̄ and cos(E) input (own pilot enumerated, the rest averaged over draws).
+    np.testing.assert_allclose(ab.kappa_bar, kbar, rtol=0.01)
+    est = np.asarray(alignment.expected_cotangent_of(ab, z, y, n0))
+    np.testing.assert_allclose(est, predicted, rtol=0.01, atol=1e-6)

@@ -1,9 +1,15 @@
 """The benchmark scripts run end to end at a tiny size (their numbers are not checked here:
-speed is measured by running them, see docs/results_allocation.md)."""
+speed is measured by running them, see docs/results_allocation.md, docs/results_speed.md)."""
 
+import json
+import math
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,3 +25,137 @@ def test_allocation_bench_runs_and_matches_numpy():
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[9] == "yes", row  # leximin objective >= NumPy's on one active set
+
+
+def _cells(row: str) -> list[str]:
+    return [c.strip() for c in row.strip().strip("|").split("|")]
+
+
+@pytest.fixture(scope="module")
+def rl_step_report(tmp_path_factory) -> tuple[str, str]:
+    """(stdout, markdown report) of `rl_step_bench.py --smoke` on one plain CPU device."""
+    out = tmp_path_factory.mktemp("rl_step") / "report.md"
+    env = dict(os.environ)  # the benchmark as it is run: without the tests' 8 fake devices
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if "xla_force_host_platform_device_count" not in f)
+    stdout = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "rl_step_bench.py"), "--smoke",
+         f"--out={out}"],
+        capture_output=True, text=True, check=True, cwd=ROOT, timeout=900, env=env,
+    ).stdout
+    return stdout, out.read_text()
+
+
+def _section_rows(report: str, side: str) -> dict[str, list[str]]:
+    """{task: cells of the `side` row} over the report's task sections."""
+    rows, task = {}, None
+    for line in report.splitlines():
+        if line.startswith("### "):
+            task = line[4:].split(":")[0]
+        elif line.startswith(f"| {side} |"):
+            rows[task] = _cells(line)
+    return rows
+
+
+def test_rl_step_bench_jax_side(rl_step_report):
+    """The sera_jax side (Trainer.step, uniform and SERA) runs on both tasks and reports
+    positive times and a breakdown; torch or not."""
+    stdout, report = rl_step_report
+    expected = {"maze", "math"}
+    if "math skipped" in report:  # no embedded SmolLM2 GGUF (its tokenizer)
+        expected.discard("math")
+    for side in ("sera_jax uniform", "sera_jax sera"):
+        rows = _section_rows(report, side)
+        assert set(rows) == expected, report
+        for cells in rows.values():
+            assert float(cells[1]) > 0 and float(cells[3]) > 0, cells  # step, first step
+            assert float(cells[6].split()[0]) > 0 and float(cells[8].split()[0]) > 0, cells
+    assert "Scoring vs sampling" in report
+
+
+def test_rl_step_bench_torch_side(rl_step_report):
+    """The PyTorch step runs next to it, with the same model (log-probs agree)."""
+    pytest.importorskip("torch", reason="torch is not installed: the PyTorch side of "
+                        "rl_step_bench is skipped (install it with `make hf-deps`)")
+    pytest.importorskip("transformers", reason="transformers is not installed (make hf-deps)")
+    stdout, report = rl_step_report
+    rows = _section_rows(report, "PyTorch uniform")
+    assert "maze" in rows and rows["maze"][-1] == "1.00x / 1.00x", report
+    diffs = re.findall(r"max \|diff\| ([0-9.e+-]+)\.", report)
+    assert len(diffs) == len(rows) and all(float(d) < 1e-4 for d in diffs), report
+
+
+#: Every part of benchmarks/accelerator_check.py, in table order.
+ACCELERATOR_PARTS = ("device", "sampler_smollm2", "train_smollm2", "sampler_qwen25",
+                     "train_qwen25", "maze")
+
+
+def _number(cell: str) -> float:
+    return float(cell.replace(",", ""))
+
+
+def test_accelerator_check_smoke_has_every_row_with_finite_numbers(tmp_path):
+    report_path = tmp_path / "accelerator_check.json"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "accelerator_check.py"), "--smoke",
+         f"--json_out={report_path}"],
+        capture_output=True, text=True, check=True, cwd=ROOT, timeout=900,
+    ).stdout
+    assert "device: cpu" in out and ", jax " in out, out
+    header = ["part", "model", "shape", "dtype", "mesh", "time (s)", "compile (s)", "tokens/s",
+              "TFLOP/s", "MFU (spec peak)", "% of measured matmul peak", "status / notes"]
+    lines = [line for line in out.splitlines() if line.startswith("| ")]
+    assert [c.strip() for c in lines[0].strip("|").split("|")] == header, out
+    rows = {cells[0]: dict(zip(header, cells)) for cells in (
+        [c.strip() for c in line.strip("|").split("|")] for line in lines[1:])}
+    assert list(rows) == list(ACCELERATOR_PARTS), out
+    for part, row in rows.items():
+        assert row["status / notes"].startswith("ok"), row
+        numeric = ["time (s)"] + (["tokens/s"] if part != "device" else []) + (
+            ["TFLOP/s", "% of measured matmul peak"] if part != "maze" else [])
+        for column in numeric:
+            value = _number(row[column])
+            assert math.isfinite(value) and value > 0, (part, column, row)
+        assert row["MFU (spec peak)"] == "–"  # no peak-table entry for a CPU
+    report = json.loads(report_path.read_text())
+    assert [r["part"] for r in report["parts"]] == list(ACCELERATOR_PARTS)
+    for r in report["parts"]:
+        assert r["status"] == "ok" and math.isfinite(r["time_s"]), r
+
+
+def _bench(name, *args):
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args],
+                          capture_output=True, text=True, check=True, cwd=ROOT,
+                          timeout=600).stdout
+
+
+def test_precision_bench_runs():
+    out = _bench("precision_bench.py", "--small", "--batch=8", "--prompt_len=10",
+                 "--new_tokens=4", "--train_rows=8", "--repeats=1")  # 8 test devices
+    assert "| bfloat16 / bfloat16 |" in out and "state dtypes ['float32']" in out, out
+
+
+def test_checkpoint_bench_runs():
+    out = _bench("checkpoint_bench.py", "--scale=0.01", "--repeats=1")
+    assert "| sync |" in out and "| async |" in out, out
+
+
+def test_decoder_compile_bench_smoke():
+    """Unrolled vs scanned layers at smoke size: every program compiles and runs in both
+    layouts and the layouts agree (the `check` column)."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "decoder_compile_bench.py"), "--small"],
+        capture_output=True, text=True, check=True, cwd=ROOT, timeout=600,
+    ).stdout
+    assert "load average" in out, out
+    rows = {}
+    for line in out.splitlines():
+        if line.startswith("| ") and not line.startswith("| program"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[cells[0]] = cells
+    assert set(rows) == {"forward", "train step", "decode step", "sampler", "all four"}, out
+    for name in ("forward", "train step", "decode step"):
+        assert rows[name][7].startswith("max rel diff") and "TOO LARGE" not in rows[name][7]
+    assert rows["sampler"][7] == "same tokens", rows["sampler"]
+    for cells in rows.values():
+        assert float(cells[1].split()[0]) > 0 and float(cells[2].split()[0]) > 0  # compile s

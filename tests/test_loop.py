@@ -34,7 +34,7 @@ def rl_run(config, task, model, run_dir, *, eval_fn=None, eval_every=0, stop_aft
         fingerprint=fingerprint or {"rl": config.to_dict()}, resumable=trainer_lib.RESUMABLE,
         schedule=loop.Schedule(num_steps=config.num_steps,
                                checkpoint_every=config.checkpoint_every, eval_every=eval_every,
-                               log_every=1),
+                               log_every=1, async_checkpoint=config.async_checkpoint),
         hooks=loop.Hooks(evaluate=eval_fn), stop_after=stop_after)
 
 
@@ -182,3 +182,88 @@ def test_disk_full_mid_run_is_one_error_and_the_previous_checkpoint_survives(tmp
         assert ckpt.all_steps() == [1]
     resumed = rl_run(config, task, tiny_model(seed=3), tmp_path)  # space is back: it resumes
     assert (resumed.resumed_from, resumed.step) == (1, 4)
+
+
+def test_async_checkpoints_restore_exactly_and_resume_to_the_uninterrupted_result(tmp_path):
+    """`rl.async_checkpoint`: the step does not wait for the write (the train step donates
+    params and optimiser state meanwhile), yet every checkpoint restores bit for bit and a
+    killed-and-resumed async run ends exactly where the synchronous uninterrupted one does."""
+    task = EmitTask({"train": 6, "eval": 2})
+    sync = small_config(num_steps=4, checkpoint_every=1)
+    full = rl_run(sync, task, tiny_model(seed=3), tmp_path / "sync")
+    config = small_config(num_steps=4, checkpoint_every=1, async_checkpoint=True)
+    part = rl_run(config, task, tiny_model(seed=3), tmp_path / "async", stop_after=3)
+    assert part.step == 3
+    trainer = trainer_lib.Trainer(config, task, tiny_model(seed=3), one_device_mesh())
+    with Checkpointer(tmp_path / "async" / "checkpoints") as ckpt:
+        assert ckpt.all_steps() == [1, 2, 3]  # the last write was committed before returning
+        state, meta = ckpt.restore(trainer.abstract_state(trainer.init_state(tiny_model())))
+    assert meta["step"] == 3
+    _leaves_equal(state, part.state)  # params, AdamW state, history, key, counters
+    resumed = rl_run(config, task, tiny_model(seed=99), tmp_path / "async")
+    assert (resumed.resumed_from, resumed.step) == (3, 4)
+    _leaves_equal(full.state, resumed.state)
+    a = read_jsonl(str(tmp_path / "sync" / "train.jsonl"))
+    b = read_jsonl(str(tmp_path / "async" / "train.jsonl"))
+    assert [(r["loss"], r["reward_mean"]) for r in a] == [(r["loss"], r["reward_mean"]) for r in b]
+    # The option does not define the run: a synchronous resume of the async run is accepted.
+    longer = small_config(num_steps=5, checkpoint_every=1)
+    assert rl_run(longer, task, tiny_model(seed=3), tmp_path / "async").step == 5
+
+
+def test_a_failing_async_write_ends_the_run_with_checkpoint_error(tmp_path, monkeypatch):
+    """The write of step 2 fails in the background after `save` returned: the loop surfaces
+    it as the module's CheckpointError (at step 3's save, which waits for it), step 1
+    survives, and the run resumes from it to the end."""
+    import errno
+
+    from orbax.checkpoint._src.checkpointers import async_checkpointer
+
+    task = EmitTask({"train": 6, "eval": 2})
+    config = small_config(num_steps=4, checkpoint_every=1, async_checkpoint=True)
+    real_save = Checkpointer.save
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def save(self, step, *args, **kwargs):
+        if step == 2:
+            self.wait_until_finished()  # step 1 commits with the real callback
+            monkeypatch.setattr(async_checkpointer, "_on_commit_callback", full)
+        return real_save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(Checkpointer, "save", save)
+    with pytest.raises(CheckpointError, match="asynchronous checkpoint write.*disk is full"):
+        rl_run(config, task, tiny_model(seed=3), tmp_path)
+    monkeypatch.undo()
+    with Checkpointer(tmp_path / "checkpoints") as ckpt:
+        assert ckpt.all_steps() == [1]
+    resumed = rl_run(config, task, tiny_model(seed=3), tmp_path)
+    assert (resumed.resumed_from, resumed.step) == (1, 4)
+
+
+def test_async_checkpoint_options_are_validated_resumable_and_never_fingerprinted():
+    from sera_jax import sft
+    from sera_jax.rl import config as rl_config
+
+    for validate, config in ((rl_config.validate, small_config()),
+                             (sft.validate, sft.get_config())):
+        assert config.async_checkpoint is False
+        config = type(config)({**config.to_dict(), "async_checkpoint": "yes"})  # (typed field)
+        with pytest.raises(ValueError, match="async_checkpoint='yes' is invalid"):
+            validate(config)
+    assert "rl.async_checkpoint" in trainer_lib.RESUMABLE
+    assert "sft.async_checkpoint" in sft.RESUMABLE
+    on = small_config(async_checkpoint=True)
+    assert rl_config.fingerprint(on) == rl_config.fingerprint(small_config())
+    assert "async_checkpoint" not in rl_config.fingerprint(on)
+    config = sft.get_config()
+    config.async_checkpoint = True
+    assert "async_checkpoint" not in sft.config_fingerprint(config)
+
+
+def test_trim_fields_drops_omitted_and_default_fields_only():
+    tree = {"a": {"b": 1, "c": ""}, "d": True, "e": {"c": "x"}}
+    assert loop.trim_fields(tree, omit=("d", "missing.x"), defaults={"a.c": "", "e.c": ""}) \
+        == {"a": {"b": 1}, "e": {"c": "x"}}
+    assert tree == {"a": {"b": 1, "c": ""}, "d": True, "e": {"c": "x"}}  # not mutated

@@ -69,3 +69,26 @@ def test_every_allocator_has_one_signature_and_refuses_unused_options():
             fn(P, 64, n_min=2, n_max=32, not_an_option=1)
     with pytest.raises(ValueError, match="does not use option"):
         allocation.ALLOCATORS["uniform"](P, 64, n_min=2, n_max=32, mode="equalized")
+
+
+def test_per_call_inputs_and_the_expected_scale():
+    """`Method.allocate` passes the pilot / posterior inputs only to allocators that use them;
+    `expected_scale` is κ(p, N) one-shot and the scale given the pilot two-stage."""
+    seq, sera = methods.get_method("sera_sequential"), methods.get_method("sera")
+    assert seq.pilot_size(2) == 2 and sera.pilot_size(2) == 0
+    k1 = np.array([0, 0, 1, 2, 2, 1, 0, 2])
+    a = seq.allocate(P, 128, n_min=2, n_max=64, pilot_successes=k1)
+    direct = allocation.get_allocator("sequential")(P, 128, n_min=2, n_max=64, pilot=2,
+                                                    pilot_successes=k1)
+    np.testing.assert_array_equal(a.counts, direct.counts)
+    with pytest.raises(ValueError, match=r"does not use option\(s\) \['pilot_successes'\]"):
+        sera.allocate(P, 128, n_min=2, n_max=64, pilot_successes=k1)
+    counts = np.asarray(a.counts)
+    np.testing.assert_allclose(sera.expected_scale(P, counts, n_min=2),
+                               1 - (1 - P) ** (counts - 1), rtol=1e-5)
+    got = np.asarray(seq.expected_scale(P, counts, n_min=2, pilot_successes=k1))
+    want = (counts - 2) / counts + (2 - k1) / (counts * (1 - P)) - (k1 == 0) * (1 - P) ** (
+        counts - 3)
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+    with pytest.raises(ValueError, match="pilot_successes"):
+        seq.expected_scale(P, counts, n_min=2)

@@ -13,6 +13,7 @@ from sera_jax import sampling
 from sera_jax.models.decoder import (
     Decoder,
     DecoderConfig,
+    convert_layout,
     init_cache,
     positions_from_mask,
     token_logprobs,
@@ -360,6 +361,37 @@ def test_segment_ids_prefill_each_prompt_once(model):
     assert not np.array_equal(got.tokens[1], got.tokens[2])  # same prompt, own randomness
     with pytest.raises(ValueError, match="segment_ids span"):
         generate(model, tokens, mask, None, SAMPLED, row_keys=row_keys, segment_ids=seg + 2)
+
+
+def test_scanned_layers_sample_the_same_tokens(model, monkeypatch):
+    """A scan_layers copy of the model (stacked [B, L, ...] KV cache) samples the same tokens
+    with the same keys, through chunked prefill, segment ids, growing decode phases and a
+    donated cache."""
+    scanned = convert_layout(model, scan_layers=True)
+    cfg = SamplingConfig(max_new_tokens=12, temperature=0.9, top_k=20, stop_ids=(3,))
+    tokens, mask = _batch()
+    segment_ids = jnp.asarray([0, 2, 2, 1, 3, 3, 0, 2], jnp.int32)
+    key = jax.random.key(7)
+    monkeypatch.setattr(sampling, "_DECODE_PHASE_STEPS", 3)  # 3 phases
+    monkeypatch.setattr(sampling, "_PREFILL_CHUNK_TOKENS", WIDTH)  # one prompt per chunk
+    sampling._generate_jit.clear_cache()  # the constants are read while tracing
+    try:
+        want = generate(model, tokens, mask, key, cfg, segment_ids=segment_ids)
+        got = generate(scanned, tokens, mask, key, cfg, segment_ids=segment_ids)
+        cache = init_cache(scanned.cfg, 8, sampling.cache_length(WIDTH, cfg))
+        assert cache.stacked
+        donated, new_cache = generate_with_cache(scanned, tokens, mask, key, cfg, cache,
+                                                 segment_ids=segment_ids)
+    finally:
+        sampling._generate_jit.clear_cache()  # drop the programs traced with patched constants
+    assert cache.k.is_deleted() and cache.v.is_deleted()
+    assert new_cache.stacked and new_cache.k.shape == cache.k.shape
+    assert int(np.max(want.lengths)) > 6  # the later phases did sample tokens
+    for out in (got, donated):
+        np.testing.assert_array_equal(out.tokens, want.tokens)
+        np.testing.assert_array_equal(out.lengths, want.lengths)
+        np.testing.assert_allclose(out.logprobs, want.logprobs, atol=1e-5)
+        np.testing.assert_allclose(out.sampling_logprobs, want.sampling_logprobs, atol=1e-5)
 
 
 # ------------------------------------------------------------------------ bad arguments

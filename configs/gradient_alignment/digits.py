@@ -2,7 +2,7 @@
 
 Real data, no download, a small NNX ResNet (~78k parameters). Measure mode trains the
 ResNet with cross-entropy and measures at three snapshots (initial / partly trained / well
-trained), budgets N0 = 2..128 and all eight methods, with paired draws for error bars.
+trained), budgets N0 = 2..128 and ten methods, with paired draws for error bars.
 Whole run: a few minutes on 2 CPU cores (see docs/results_alignment.md for the measured time).
 
   python experiments/gradient_alignment.py --config=configs/gradient_alignment/digits.py \
@@ -11,9 +11,11 @@ Whole run: a few minutes on 2 CPU cores (see docs/results_alignment.md for the m
 
 import ml_collections
 
-# Names of sera_jax.methods.METHODS (the same in every study).
+# Names of sera_jax.methods.METHODS (the same in every study); the last two are the rules
+# beyond the paper (sera_sequential is two-stage: a pilot of n_min labels per image first).
 METHODS = ("uniform", "sera", "sera_equalized", "sera_no_multiplicity",
-           "sera_paper_rounding", "inverse_p", "knapsack", "hit_utility")
+           "sera_paper_rounding", "inverse_p", "knapsack", "hit_utility", "sera_posterior",
+           "sera_sequential")
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -58,7 +60,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.measure.split = "train"  # minibatches of the training split, as during training
     c.measure.bn_train = False  # policy = the network in inference mode (running stats)
     c.measure.unroll = 4  # backward passes compiled into one program
-    c.measure.cot_chunk = 264  # rollout cotangents sampled per vectorised call
+    c.measure.cot_chunk = 320  # rollout cotangents sampled per vectorised call (10 x 32)
 
     c.train = ml_collections.ConfigDict()
     c.train.method = "sera"

@@ -34,6 +34,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.init_checkpoint = ""  # a checkpoints/ directory of this binary to start from
     c.model.param_dtype = "float32"
     c.model.dtype = "float32"
+    # True: layers stacked and run by one scan (compiles once for any depth; on CPU it was
+    # not faster, see docs/results_speed.md).
+    c.model.scan_layers = False
 
     c.task = task_config()
     c.task.source = "arithmetic"
@@ -73,4 +76,5 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.max_new_tokens = 0  # 0 = task.max_new_tokens
     c.eval.batch_size = 32  # sampler rows per call
     c.eval.seed = 1234
+    c.eval.kv_cache_dtype = ""  # '' = model.dtype; 'bfloat16' halves the sampler's cache
     return c

@@ -33,6 +33,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.overrides = ml_collections.ConfigDict(dict(
         hidden_size=128, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2))
     c.model.seed = 0
+    # Compute dtype ('float32' | 'bfloat16'); parameters and AdamW state stay float32.
+    c.model.dtype = "float32"
+    # True: layers stacked and run by one scan (compiles once for any depth; on CPU it was
+    # not faster, see docs/results_speed.md).
+    c.model.scan_layers = False
 
     c.sft = sft.get_config()
     c.sft.num_steps = 300
@@ -46,6 +51,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.num_steps = 16
     c.rl.prompts_per_step = 32  # every training maze every step: p̂ is one step old
     c.rl.rollouts_per_prompt = 8
+    # Rows per gradient micro-batch (0 = the whole budget at once). On a CPU,
+    # `--config.rl.micro_batch_size=16` keeps activations in cache (train step 6.2 vs 10.2
+    # CPU-s; the same loss to float rounding) -- not the default, so the measured runs in
+    # docs/results_maze.md stay reproducible under their fingerprint.
+    c.rl.micro_batch_size = 0
     c.rl.allocation.n_min = 2
     c.rl.allocation.n_max = 64
     c.rl.optimizer.learning_rate = 1e-5  # 5e-5: the null control collapses (see docs)
@@ -76,4 +86,5 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.temperature = 1.0
     c.eval.seed = 1234  # keys of evaluation point s: eval_key(seed, s, split), every policy
     c.eval.noise_seed = 4321  # the second key set of the noise floor (SFT, final point)
+    c.eval.kv_cache_dtype = ""  # '' = model.dtype; 'bfloat16' halves the sampler's cache
     return c

@@ -46,9 +46,8 @@ import optax
 from jax import Array, lax
 
 from sera_jax import allocation as allocation_lib
-from sera_jax import estimators, metrics, scaling
+from sera_jax import estimators, metrics
 from sera_jax import history as history_lib
-from sera_jax.allocation import beyond
 from sera_jax.lab import task as task_lib
 from sera_jax.methods import Method
 
@@ -169,26 +168,16 @@ def _takes(allocator: str, option: str) -> bool:
     return option in allocation_lib.ALLOCATOR_OPTIONS.get(allocator, ())
 
 
-def pilot_size(method: Method, setup: Setup) -> int:
-    """Pilot rollouts per prompt of a two-stage allocator (0 for a one-shot allocator)."""
-    return beyond.pilot_size(method.allocator, method.options, setup.n_min)
-
-
 def allocate_step(method: Method, setup: Setup, p_hat: Array, post: tuple[Array, Array],
                   pilot_successes: Array | None = None) -> allocation_lib.Allocation:
-    """The method's allocation of one batch (traced): `Method.allocate`, or, for allocators
-    that take a Beta posterior / a pilot, `get_allocator(...)` with those inputs added."""
-    extra: dict[str, Any] = {}
-    if setup.posterior_from_history and _takes(method.allocator, "alpha"):
-        extra.update(alpha=post[0], beta=post[1])
-    if pilot_successes is not None:
-        extra["pilot_successes"] = pilot_successes
-    kw = dict(n_min=setup.n_min, n_max=setup.n_max, unseen=setup.unseen)
-    if not extra:
-        return method.allocate(p_hat, setup.budget, **kw)
-    fn = allocation_lib.get_allocator(method.allocator)
-    return fn(p_hat, setup.budget, shift=method.kappa_shift, **kw, **dict(method.options),
-              **extra)
+    """The method's allocation of one batch (traced): `Method.allocate`, given the pilot's
+    successes (two-stage allocators) and the history's posterior (allocators that take
+    alpha/beta, when `posterior_from_history`)."""
+    alpha, beta = (post if setup.posterior_from_history and _takes(method.allocator, "alpha")
+                   else (None, None))
+    return method.allocate(p_hat, setup.budget, n_min=setup.n_min, n_max=setup.n_max,
+                           unseen=setup.unseen, pilot_successes=pilot_successes, alpha=alpha,
+                           beta=beta)
 
 
 def _task_cfg(setup: Setup) -> tuple[tuple[str, Any], ...]:
@@ -294,8 +283,7 @@ def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation) -
     est = estimators.get_advantage_estimator(method.estimator)
     num_p, n0, budget, n_max = setup.prompts_per_step, setup.n0, setup.budget, setup.n_max
     m, spe = setup.num_train, setup.steps_per_epoch
-    shift = method.kappa_shift
-    pilot = pilot_size(method, setup)
+    pilot = method.pilot_size(setup.n_min)
 
     def step(carry, t, train, k_data, k_roll):
         params, opt_state, h = carry
@@ -345,10 +333,8 @@ def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation) -
         p_true = jnp.exp(task_lib.log_success_probs(params, train))[ids]
         active = counts > 0
         n_act = jnp.maximum(jnp.sum(active), 1)
-        if pilot:  # E[scale | pilot] of the two-stage counts (sera_jax.allocation.beyond)
-            kap = beyond.conditional_scale(p_true, k1, pilot, counts)
-        else:
-            kap = scaling.kappa(p_true, counts, shift)
+        # κ(p, N_q); for a two-stage method E[scale | pilot] (sera_jax.allocation.beyond).
+        kap = method.expected_scale(p_true, counts, n_min=setup.n_min, pilot_successes=k1)
         succ = jax.ops.segment_sum(rewards, seg, num_p)
         mixed = active & (succ > 0) & (succ < counts)
         seen = ~jnp.isnan(p_hat)

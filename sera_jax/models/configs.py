@@ -10,7 +10,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import jax.numpy as jnp
+
 from sera_jax.models.decoder import DecoderConfig
+
+#: Dtype names a config may give for compute (`model.dtype`), parameters and KV caches.
+#: float16 is left out on purpose: without loss scaling its range overflows in training.
+DTYPE_NAMES = ("float32", "bfloat16")
+
+
+def dtype_from_name(name: str, field: str = "dtype") -> Any:
+    """The jnp dtype of a config's dtype name (one of `DTYPE_NAMES`); ValueError naming
+    `field` otherwise."""
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"config.{field}={name!r} is invalid; allowed: one of {DTYPE_NAMES}")
+    return jnp.dtype(name)
 
 #: The maze policy of the paper: a small tied-embedding Qwen-style model over 32 tokens.
 MAZE_POLICY = DecoderConfig(

@@ -29,6 +29,17 @@ with `eager_sharding=False` so a model can be built without a mesh):
     layers[i].mlp.gate / up        [hidden, ffn]                 ("embed", "mlp")
     layers[i].mlp.down             [ffn, hidden]                 ("mlp", "embed")
 
+With `DecoderConfig.scan_layers=True` the L blocks are one `Block` whose parameters are
+stacked along a leading layer axis (`layers.attn.q_kernel [L, hidden, heads, head_dim]`,
+logical names `("layers", ...)`; `layers` maps to no mesh axis), run by one `lax.scan`:
+the compiled program holds one block instead of L. `convert_layout` moves weights between
+the two layouts; the same seed initialises the same weights in both. Trade-off measured by
+`benchmarks/decoder_compile_bench.py`: on XLA:CPU a scan step copies its layer's weights
+(and KV-cache slice) out of the stack, which a memory-bound decode step pays for, while
+identical unrolled layers already share compiled kernels there, so the compile-time gain
+is modest. (On accelerators XLA can usually fuse such a slice into its consumer; not
+measured here.)
+
 `sera_jax.sharding.state_shardings(state, mesh, rules)` maps the logical names
 (`LOGICAL_AXIS_NAMES`) to mesh axes by `sharding.LOGICAL_RULES`. Under `jax.set_mesh(mesh)`
 the residual stream is constrained to batch rows split over `sharding.BATCH_AXES` (hidden
@@ -48,7 +59,8 @@ from flax import nnx, struct
 from sera_jax import sharding
 
 #: Every logical axis name used in parameter `out_sharding` metadata.
-LOGICAL_AXIS_NAMES = ("vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp", "norm")
+LOGICAL_AXIS_NAMES = ("vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp", "norm",
+                      "layers")
 
 # Finite "minus infinity": a query whose every key is masked (a pad row) gets a uniform,
 # finite softmax instead of NaN; its output is ignored downstream.
@@ -76,6 +88,11 @@ class DecoderConfig:
     dtype: Any = jnp.float32  # activation / compute dtype
     param_dtype: Any = jnp.float32
     name: str = ""
+    # Layers stacked on a leading axis and run by `lax.scan`: the program holds one block
+    # whatever the depth (see the module docstring). False (default): one module per
+    # layer, an unrolled loop -- faster steady state on XLA:CPU, where each scan step copies
+    # its layer's weights out of the stack.
+    scan_layers: bool = False
 
     def __post_init__(self):
         for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -121,10 +138,16 @@ class KVCache:
     left-padded prompts make the batch share slot positions while their RoPE positions
     differ). One buffer per layer (not one [L, ...] slab) lets XLA update each layer's
     buffer in place; with a slab it copied the whole cache before every layer's write.
+
+    For a `scan_layers` model k and v are single arrays [B, L, Hkv, Dh, S] / [B, L, Hkv,
+    S, Dh] (`stacked`): the layer scan only reads them, and every layer's new slots are
+    written in one in-place update after it. The layer axis comes after the batch so that
+    code slicing, sharding or gathering rows (axis 0) and growing slots (the last /
+    second-to-last axis) treats both layouts alike via `jax.tree.map`.
     """
 
-    k: tuple[jax.Array, ...]
-    v: tuple[jax.Array, ...]
+    k: tuple[jax.Array, ...] | jax.Array
+    v: tuple[jax.Array, ...] | jax.Array
     valid: jax.Array
     index: jax.Array
 
@@ -132,19 +155,50 @@ class KVCache:
     def max_len(self) -> int:
         return self.valid.shape[1]
 
+    @property
+    def stacked(self) -> bool:
+        """True for the `scan_layers` layout (one [B, L, ...] array each for k and v)."""
+        return not isinstance(self.k, tuple | list)
+
 
 def init_cache(cfg: DecoderConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
-    """An empty cache of `max_len` slots per row (dtype defaults to `cfg.dtype`)."""
+    """An empty cache of `max_len` slots per row (dtype defaults to `cfg.dtype`), in the
+    layout of `cfg.scan_layers` (see `KVCache`)."""
     if batch < 1 or max_len < 1:
         raise ValueError(f"init_cache: batch={batch}, max_len={max_len}; both must be >= 1")
     dtype = cfg.dtype if dtype is None else dtype
     hkv, dh = cfg.num_kv_heads, cfg.resolved_head_dim
+    if cfg.scan_layers:
+        return KVCache(
+            k=jnp.zeros((batch, cfg.num_layers, hkv, dh, max_len), dtype),
+            v=jnp.zeros((batch, cfg.num_layers, hkv, max_len, dh), dtype),
+            valid=jnp.zeros((batch, max_len), bool),
+            index=jnp.zeros((), jnp.int32),
+        )
     return KVCache(
         k=tuple(jnp.zeros((batch, hkv, dh, max_len), dtype) for _ in range(cfg.num_layers)),
         v=tuple(jnp.zeros((batch, hkv, max_len, dh), dtype) for _ in range(cfg.num_layers)),
         valid=jnp.zeros((batch, max_len), bool),
         index=jnp.zeros((), jnp.int32),
     )
+
+
+def _check_cache_layout(cache: KVCache, cfg: DecoderConfig) -> None:
+    """The cache has the model's layer count and layout (`scan_layers`), else ValueError."""
+    if cfg.scan_layers:
+        ok = cache.stacked and cache.k.ndim == cache.v.ndim == 5 and (
+            cache.k.shape[1] == cache.v.shape[1] == cfg.num_layers)
+        have = (f"k {getattr(cache.k, 'shape', None)}" if cache.stacked
+                else f"a tuple of {len(cache.k)} per-layer buffers")
+        want = f"stacked [B, num_layers={cfg.num_layers}, ...] arrays (scan_layers=True)"
+    else:
+        ok = not cache.stacked and len(cache.k) == len(cache.v) == cfg.num_layers
+        have = (f"{len(cache.k)} k / {len(cache.v)} v buffers" if not cache.stacked
+                else f"stacked k {cache.k.shape}")
+        want = f"num_layers={cfg.num_layers} per-layer buffers (scan_layers=False)"
+    if not ok:
+        raise ValueError(f"cache has {have}; the model needs {want} (make it with "
+                         "init_cache(cfg, ...))")
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
@@ -248,6 +302,10 @@ def _attend(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array) -
     The normalisation is applied to the output (T x Dh values) instead of the probabilities
     (T x S): one pass less over the largest array.
     """
+    if q.dtype != jnp.float32 and jax.default_backend() == "cpu":
+        # XLA:CPU has no batched bf16 x bf16 -> f32 dot ("Unsupported element type for
+        # DotThunk", jax 0.10): upcast there (same float32 accumulation; no bf16 speed to lose).
+        q, keys, values = (x.astype(jnp.float32) for x in (q, keys, values))
     scores = jnp.einsum("btkgd,bkds->bkgts", q, keys, preferred_element_type=jnp.float32)
     scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
     weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
@@ -322,6 +380,24 @@ def causal_attention(
     return map_row_chunks(attend_rows, (q, k, v, mask), row_bytes, _SCORE_BLOCK_BYTES)
 
 
+def _layer_buffer(buf: jax.Array, layer: Any) -> jax.Array:
+    """Layer `layer`'s [B, Hkv, ...] buffer of a stacked [B, L, Hkv, ...] cache."""
+    return jax.lax.dynamic_index_in_dim(buf, layer, axis=1, keepdims=False)
+
+
+def _store_new_slots(buf: jax.Array, new: jax.Array, index: jax.Array, slot_axis: int
+                     ) -> jax.Array:
+    """A stacked cache buffer [B, L, Hkv, ...] with the layer scan's new slots `new`
+    [L, B, Hkv, ...] (T slots along `slot_axis` of `buf`) written at slot `index`; a `new`
+    that fills every slot (a fresh prefill) replaces the buffer."""
+    new = jnp.moveaxis(new, 0, 1).astype(buf.dtype)
+    if new.shape == buf.shape:
+        return new
+    starts = [0] * buf.ndim
+    starts[slot_axis] = index
+    return jax.lax.dynamic_update_slice(buf, new, starts)
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with optional bias, q/k norm and a KV cache."""
 
@@ -354,12 +430,18 @@ class Attention(nnx.Module):
         cache_kv: tuple[jax.Array, jax.Array] | None,
         index: jax.Array | None,
         last_only: bool = False,
+        layer: jax.Array | int | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """x: [B, T, D]; rope: `rope_tables` of the positions; mask: bool [B, T, S] (query t
         may attend key slot s).
 
         With `cache_kv = (k, v)` (this layer's buffers, layouts as in `KVCache`) the new
         keys/values are written at slots [index, index + T) and the updated buffers returned.
+        With `layer` set, `cache_kv` are the stacked [B, L, ...] buffers of every layer, read
+        only: layer `layer`'s keys/values attend as if written, and what comes back is the
+        new slots alone (keys [B, Hkv, Dh, T], values [B, Hkv, T, Dh]) for the caller to
+        store after the layer scan. Why: XLA:CPU copied the whole stacked cache twice per
+        scan step when the scan body both read and updated it in place.
         `last_only`: keys/values of all T tokens, but the output [B, 1, D] of the last query
         only (the last layer of a prefill that needs the next-token logits alone).
         """
@@ -397,10 +479,20 @@ class Attention(nnx.Module):
             keys, values = k, v
         else:
             k_buf, v_buf = cache_kv
-            k_buf = jax.lax.dynamic_update_slice(k_buf, k.astype(k_buf.dtype), (0, 0, 0, index))
-            v_buf = jax.lax.dynamic_update_slice(v_buf, v.astype(v_buf.dtype), (0, 0, index, 0))
+            if layer is not None:  # this layer's buffers of the (read-only) stack
+                k_buf, v_buf = _layer_buffer(k_buf, layer), _layer_buffer(v_buf, layer)
+            k_new, v_new = k.astype(k_buf.dtype), v.astype(v_buf.dtype)
+            if layer is not None and k_new.shape[-1] == 1:  # one new token (T, not queries)
+                # The stack's layer slice with the new slot selected in: one elementwise
+                # pass (a dynamic_update_slice of the slice measured an extra copy of it).
+                slot = jnp.arange(k_buf.shape[-1]) == index
+                k_buf = jnp.where(slot, k_new, k_buf)
+                v_buf = jnp.where(slot[:, None], v_new, v_buf)
+            else:
+                k_buf = jax.lax.dynamic_update_slice(k_buf, k_new, (0, 0, 0, index))
+                v_buf = jax.lax.dynamic_update_slice(v_buf, v_new, (0, 0, index, 0))
             keys, values = k_buf.astype(x.dtype), v_buf.astype(x.dtype)
-            cache_kv = (k_buf, v_buf)
+            cache_kv = (k_buf, v_buf) if layer is None else (k_new, v_new)
         if t == 1:
             # Single-token decode, memory-bound on the cache: broadcast-multiply + reduce
             # over a non-minor axis, so both reductions stream the cache with S (keys) or
@@ -450,11 +542,28 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, rope, mask, cache_kv, index, last_only=False):
-        a, cache_kv = self.attn(self.attn_norm(x), rope, mask, cache_kv, index, last_only)
+    def __call__(self, x, rope, mask, cache_kv, index, last_only=False, layer=None):
+        a, cache_kv = self.attn(self.attn_norm(x), rope, mask, cache_kv, index, last_only,
+                                layer)
         x = constrain_batch((x[:, -1:] if last_only else x) + a)
         x = constrain_batch(x + self.mlp(self.mlp_norm(x)))
         return x, cache_kv
+
+
+def _stack_blocks(blocks: list[Block]) -> Block:
+    """One `Block` whose every parameter is the [L, ...] stack of `blocks`' parameters,
+    with the logical axis name "layers" in front of the layer's own names."""
+    graphdef, _ = nnx.split(blocks[0])
+    states = [nnx.state(b) for b in blocks]
+
+    def stack(*variables):
+        first = variables[0]
+        names = first.get_metadata().get("out_sharding") or ()
+        value = jnp.stack([v.get_value() for v in variables])
+        return first.copy(value, out_sharding=("layers", *names))
+
+    stacked = jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return nnx.merge(graphdef, stacked)
 
 
 class Decoder(nnx.Module):
@@ -462,7 +571,8 @@ class Decoder(nnx.Module):
 
     - tokens, positions: int32 [B, T]; attention_mask: bool [B, T] (True = real token;
       default all True). Returns float32 logits [B, T, V] ([B, 1, V] for the last position
-      only with `last_only=True`) and the updated cache (None when called without one).
+      only with `last_only=True`, [B, T - logits_from, V] for positions >= the static int
+      `logits_from`) and the updated cache (None when called without one).
     - Without a cache: causal attention over the T tokens, keys restricted to real tokens.
     - With a cache: the T tokens are written to slots [index, index + T) (the caller keeps
       index + T <= max_len; past the end `dynamic_update_slice` would clamp); each query
@@ -472,7 +582,10 @@ class Decoder(nnx.Module):
     def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), cfg)
-        self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        blocks = [Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)]
+        # Scanned: the per-layer blocks built exactly as unrolled (same keys in the same
+        # order, so one seed gives one set of weights in both layouts), then stacked.
+        self.layers = _stack_blocks(blocks) if cfg.scan_layers else nnx.List(blocks)
         self.final_norm = RMSNorm(cfg.hidden_size, cfg, rngs=rngs)
         if not cfg.tie_embeddings:
             self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), cfg)
@@ -484,6 +597,7 @@ class Decoder(nnx.Module):
         cache: KVCache | None = None,
         attention_mask: jax.Array | None = None,
         last_only: bool = False,
+        logits_from: int = 0,
     ) -> tuple[jax.Array, KVCache | None]:
         cfg = self.cfg
         # Shapes are static, so these checks also run under jit.
@@ -501,11 +615,8 @@ class Decoder(nnx.Module):
                 f"cache holds batch {cache.valid.shape[0]} x {cache.max_len} slots; got "
                 f"tokens {tokens.shape} (batch must match, T <= max_len)"
             )
-        if cache is not None and not (len(cache.k) == len(cache.v) == cfg.num_layers):
-            raise ValueError(
-                f"cache has {len(cache.k)} k / {len(cache.v)} v buffers; the model has "
-                f"num_layers={cfg.num_layers} (make it with init_cache(cfg, ...))"
-            )
+        if cache is not None:
+            _check_cache_layout(cache, cfg)
         if attention_mask is None:
             attention_mask = jnp.ones((b, t), bool)
         attention_mask = attention_mask.astype(bool)
@@ -529,18 +640,25 @@ class Decoder(nnx.Module):
         # hidden dim, which cannot be re-laid out to batch rows without rematerialising.
         table = constrain(self.embed[...], ("vocab", None))
         x = constrain_batch(jnp.take(table, tokens, axis=0).astype(cfg.dtype))
-        new_k, new_v = [], []
-        for layer, block in enumerate(self.layers):
-            layer_kv = None if cache is None else (cache.k[layer], cache.v[layer])
-            # A sampler's prefill needs the next-token logits only: the last layer computes
-            # its keys/values for every token (the cache) but its attention output and MLP
-            # for the last one (a quarter of the maze policy's prefill matmuls).
-            x, layer_kv = block(x, rope, mask, layer_kv, index,
-                                last_only and layer == len(self.layers) - 1)
-            if cache is not None:
-                new_k.append(layer_kv[0])
-                new_v.append(layer_kv[1])
-        x = self.final_norm(x)
+        if cfg.scan_layers:
+            x, new_kv = self._scan_layers(x, rope, mask, cache, index, last_only)
+        else:
+            new_k, new_v = [], []
+            for layer, block in enumerate(self.layers):
+                layer_kv = None if cache is None else (cache.k[layer], cache.v[layer])
+                # A sampler's prefill needs the next-token logits only: the last layer
+                # computes its keys/values for every token (the cache) but its attention
+                # output and MLP for the last one (a quarter of the maze policy's prefill
+                # matmuls).
+                x, layer_kv = block(x, rope, mask, layer_kv, index,
+                                    last_only and layer == len(self.layers) - 1)
+                if cache is not None:
+                    new_k.append(layer_kv[0])
+                    new_v.append(layer_kv[1])
+            new_kv = (tuple(new_k), tuple(new_v))
+        # `logits_from`: the head only at positions >= it (a training forward needs the
+        # completion's predictions alone; the head is a large share of a big-vocab step).
+        x = self.final_norm(x[:, logits_from:] if logits_from else x)
         if cfg.tie_embeddings:
             logits = jnp.einsum(
                 "btd,vd->btv", x, self.embed[...].astype(x.dtype),
@@ -554,8 +672,49 @@ class Decoder(nnx.Module):
         logits = logits.astype(jnp.float32)
 
         if cache is not None:
-            cache = KVCache(k=tuple(new_k), v=tuple(new_v), valid=valid, index=index + t)
+            cache = KVCache(k=new_kv[0], v=new_kv[1], valid=valid, index=index + t)
         return logits, cache
+
+    def _scan_layers(self, x, rope, mask, cache, index, last_only):
+        """The stacked blocks as one `lax.scan` (the `scan_layers` layout); returns x and
+        the new stacked (k, v) (None without a cache).
+
+        The stacked parameters are the scan's xs, so the backward pass gets their
+        cotangents stacked directly. The stacked cache is only read inside the scan; each
+        layer emits its T new slots ([L, ...] ys, tiny for a decode step), written into the
+        cache once after the scan (in place). With `last_only` the first L-1 layers are
+        scanned (their weights indexed by layer inside the body: slicing off the last layer
+        would copy the others; this path is for inference) and the last one runs on its own
+        for the last query.
+        """
+        num_layers = self.cfg.num_layers
+        graphdef, params = nnx.split(self.layers)
+        kv = None if cache is None else (cache.k, cache.v)
+
+        def run(x, layer_params, layer, last):
+            block = nnx.merge(graphdef, layer_params)
+            return block(x, rope, mask, kv, index, last, layer)
+
+        def weights_of(layer):
+            return jax.tree.map(lambda p: p[layer], params)
+
+        if not last_only:
+            x, new = jax.lax.scan(lambda x, xs: run(x, *xs, False), x,
+                                  (params, jnp.arange(num_layers, dtype=jnp.int32)))
+        else:
+            last = num_layers - 1
+            if num_layers > 1:
+                x, head = jax.lax.scan(lambda x, layer: run(x, weights_of(layer), layer, False),
+                                       x, jnp.arange(last, dtype=jnp.int32))
+            x, tail = run(x, weights_of(last), last, True)
+            new = None if cache is None else jax.tree.map(
+                lambda t, *h: jnp.concatenate([*h, t[None]]), tail,
+                *((head,) if num_layers > 1 else ()))
+        if cache is None:
+            return x, None
+        k_new, v_new = new
+        return x, (_store_new_slots(cache.k, k_new, index, 4),
+                   _store_new_slots(cache.v, v_new, index, 3))
 
 
 def token_logprobs(
@@ -563,6 +722,7 @@ def token_logprobs(
     tokens: jax.Array,
     attention_mask: jax.Array,
     positions: jax.Array | None = None,
+    start: int = 0,
 ) -> jax.Array:
     """Per-token log-likelihood aligned with `tokens`.
 
@@ -570,18 +730,60 @@ def token_logprobs(
     out[:, 0] = 0 (nothing predicts the first token) and positions where `attention_mask`
     is False are 0. Positions default to `positions_from_mask(attention_mask)` (left
     padding). Returns float32 [B, T].
+
+    `start` (a static int, 0 <= start <= T): return only `out[:, start:]` ([B, T - start]);
+    the vocabulary head and its log-sum-exp then run only at the T - start positions that
+    predict those tokens (a trainer needs the completion's log-probs, not the prompt's).
     """
+    b, t = tokens.shape
+    if not 0 <= start <= t:
+        raise ValueError(f"token_logprobs: start={start} must be in [0, T={t}]")
     if positions is None:
         positions = positions_from_mask(attention_mask)
-    logits, _ = model(tokens, positions, attention_mask=attention_mask)
-    logits = logits[:, :-1]  # predictions for tokens[:, 1:]
-    targets = tokens[:, 1:]
+    first = max(start, 1)  # the first predicted token
+    if first >= t:
+        return jnp.zeros((b, t - start), jnp.float32)
+    logits, _ = model(tokens, positions, attention_mask=attention_mask,
+                      logits_from=first - 1)
+    logits = logits[:, :-1]  # [B, T - first, V]: predictions of tokens[:, first:]
+    targets = tokens[:, first:]
     picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     lp = picked - jax.nn.logsumexp(logits, axis=-1)
-    lp = jnp.where(attention_mask[:, 1:], lp, 0.0)
-    return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
+    lp = jnp.where(attention_mask[:, first:], lp, 0.0)
+    if start == 0:  # nothing predicts token 0
+        lp = jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
+    return lp
 
 
 def count_params(model: nnx.Module) -> int:
     """Total number of parameter scalars."""
     return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def convert_layout(model: Decoder, scan_layers: bool) -> Decoder:
+    """A `Decoder` with `model`'s weights in the layer layout `scan_layers` (`model` itself
+    when it has that layout already).
+
+    Unrolled -> scanned stacks `layers[i].<param>` into `layers.<param>[i]`; scanned ->
+    unrolled slices them back; every other parameter is shared. The logits are the same up
+    to float rounding. Arrays are stacked / sliced where they live; call
+    `sharding.shard_model` on the result to place it by the partition rules again.
+    """
+    cfg = model.cfg
+    if cfg.scan_layers == scan_layers:
+        return model
+    target = nnx.eval_shape(lambda: Decoder(cfg.replace(scan_layers=scan_layers),
+                                            rngs=nnx.Rngs(0)))
+    source = dict(nnx.to_flat_state(nnx.state(model)))
+    state = nnx.state(target)
+    for path, var in nnx.to_flat_state(state):
+        if path[0] != "layers":
+            value = source[path].get_value()
+        elif scan_layers:  # path = ("layers", *rest)
+            value = jnp.stack([source[("layers", i, *path[1:])].get_value()
+                               for i in range(cfg.num_layers)])
+        else:  # path = ("layers", i, *rest)
+            value = source[("layers", *path[2:])].get_value()[path[1]]
+        var.set_value(value)
+    nnx.update(target, state)
+    return target

@@ -8,6 +8,7 @@ import ml_collections
 
 from sera_jax import sharding as shd
 from sera_jax.models import embedded
+from sera_jax.models.configs import dtype_from_name
 from sera_jax.models.decoder import Decoder
 from sera_jax.models.tokenizer import Tokenizer, from_gguf, load_tokenizer
 from sera_jax.models.weights import load_gguf, load_hf_checkpoint, open_gguf
@@ -23,11 +24,15 @@ def load_policy(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None
     """(model, tokenizer) from `cfg.model` (parameters placed on `mesh` by the partition rules).
 
     `cfg` is the model block: source ('embedded' | 'gguf' | 'hf'), path, tokenizer_path,
-    param_dtype, dtype. Raises FileNotFoundError with `SMOLLM2_MISSING` when the embedded
-    model is not installed.
+    param_dtype, dtype, scan_layers (optional, default False). Raises FileNotFoundError with
+    `SMOLLM2_MISSING` when the embedded model is not installed.
     """
     m = cfg
-    overrides = {"param_dtype": m.param_dtype, "dtype": m.dtype}
+    overrides = {f: dtype_from_name(m[f], f"model.{f}") for f in ("param_dtype", "dtype")}
+    scan = m.get("scan_layers", False)
+    if not isinstance(scan, bool):
+        raise ValueError(f"config.model.scan_layers={scan!r}; use True or False")
+    overrides["scan_layers"] = scan
     rules = tuple(shd.LOGICAL_RULES.items())
     if m.source == "embedded":
         try:

@@ -20,6 +20,10 @@ Layout conversion (HF `nn.Linear` weights are `[out, in]`):
     *.down_proj.weight [D, F]                   -> mlp.down [F, D]
     norms [D] / q_norm, k_norm [Dh]             -> *.scale
 
+With `DecoderConfig.scan_layers` the per-layer tensors are stacked on import (layer i is row
+i of `layers.<param>`) and written per layer again by `save_hf_checkpoint`; the files do
+not depend on the layout.
+
 GGUF files use the same `[out, in]` row layout under llama.cpp names; for the `llama`
 architecture llama.cpp's converter permutes the rows of q/k within each head from the
 "rotate_half" layout to interleaved pairs, which `_unpermute_rows` undoes.
@@ -74,7 +78,9 @@ _GGUF_BLOCK_TO_HF = {
 
 
 def _param_table(cfg: DecoderConfig) -> list[tuple[str, tuple, Callable, Callable]]:
-    """(hf_name, our_path, hf->ours, ours->hf) for every parameter of `cfg`."""
+    """(hf_name, our_path, hf->ours, ours->hf) for every parameter of `cfg`; `our_path` is
+    the unrolled-layout path (`("layers", i, ...)`; `_stacked_path` maps it to the
+    `scan_layers` one)."""
     d, h, hkv, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
     ident = (lambda w: w, lambda w: w)
     transpose = (lambda w: w.T, lambda w: w.T)
@@ -115,7 +121,22 @@ def _param_table(cfg: DecoderConfig) -> list[tuple[str, tuple, Callable, Callabl
                 (p + "self_attn.q_norm.weight", (*a, "q_norm", "scale"), *ident),
                 (p + "self_attn.k_norm.weight", (*a, "k_norm", "scale"), *ident),
             ]
+    if cfg.scan_layers:
+        # Parameter-major order (every layer's q_proj, then every layer's k_proj, ...): an
+        # import then holds one stacked parameter on the host at a time (`_build`).
+        kinds = {row[1][2:]: n for n, row in enumerate(table) if row[1][:2] == ("layers", 0)}
+        table.sort(key=lambda row: (-1, 0) if row[1][0] != "layers" else (
+            kinds[row[1][2:]], row[1][1]))
     return table
+
+
+def _stacked_path(cfg: DecoderConfig, path: tuple) -> tuple[tuple, int | None]:
+    """(path in `nnx.state(model)`, layer index into its leading axis or None) of a
+    `_param_table` path `("layers", i, ...)` / `(name, ...)`: with `scan_layers`, layer i's
+    parameter is row i of the stacked `("layers", ...)` one."""
+    if cfg.scan_layers and path[0] == "layers":
+        return ("layers", *path[2:]), path[1]
+    return path, None
 
 
 # Tensors a checkpoint may carry that this decoder does not use.
@@ -190,19 +211,26 @@ def _build(
     source: str,
 ) -> Decoder:
     """Fill an abstract model from `(our_path, host_array, file tensor name)` triples, one
-    tensor at a time. Raises ValueError for a shape mismatch, NaN / Inf values or missing
-    parameters."""
+    tensor at a time (`our_path` in the unrolled layout, `_param_table`'s). Raises
+    ValueError for a shape mismatch, NaN / Inf values or missing parameters.
+
+    With `cfg.scan_layers` each layer's tensor is copied into a host buffer of the stacked
+    parameter, which is placed once its L layers are in (`_param_table` orders the tensors
+    so that one stacked parameter is buffered at a time)."""
     model = abstract_model(cfg)
     shardings = param_shardings(model, mesh, rules)
     state = nnx.state(model, nnx.Param)
     flat = dict(nnx.to_flat_state(state))
     filled = set()
     target = _np_dtype(cfg.param_dtype)
-    for path, host, tensor in tensors:
+    stacks: dict[tuple, tuple[np.ndarray, set]] = {}  # stacked path -> (buffer, layers in)
+    for table_path, host, tensor in tensors:
+        path, layer = _stacked_path(cfg, table_path)
         var = flat[path]
         expected = tuple(var.get_value().shape)
+        expected = expected if layer is None else expected[1:]
         if tuple(host.shape) != expected:
-            name = ".".join(map(str, path))
+            name = ".".join(map(str, table_path))
             raise ValueError(
                 f"{source}: parameter {name} has shape {tuple(host.shape)} after layout "
                 f"conversion, but the config expects {expected}; the checkpoint does not "
@@ -211,6 +239,14 @@ def _build(
         with np.errstate(over="ignore"):  # an overflow is reported just below
             converted = np.ascontiguousarray(host.astype(target))
         _check_finite(host, converted, tensor, source, target)
+        if layer is not None:
+            buffer, layers_in = stacks.setdefault(
+                path, (np.empty((cfg.num_layers, *expected), target), set()))
+            buffer[layer] = converted
+            layers_in.add(layer)
+            if len(layers_in) < cfg.num_layers:
+                continue
+            converted = stacks.pop(path)[0]
         var.set_value(_place(converted, shardings[path]))
         filled.add(path)
     missing = set(flat) - filled
@@ -426,15 +462,24 @@ def save_hf_checkpoint(
 ) -> None:
     """Write `model` as a Hugging Face checkpoint directory (config.json + model.safetensors).
 
-    Gathers every parameter to the host; meant for small models and tests.
+    Gathers every parameter to the host; meant for small models and tests. A `scan_layers`
+    model is written per layer (`model.layers.{i}.*`), like an unrolled one.
     """
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
     cfg = model.cfg
     flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
     np_dtype = _np_dtype(dtype)
+    host: dict[tuple, np.ndarray] = {}  # one transfer per (stacked) parameter
+
+    def ours_on_host(table_path):
+        path, layer = _stacked_path(cfg, table_path)
+        if path not in host:
+            host[path] = np.asarray(flat[path].get_value())
+        return host[path] if layer is None else host[path][layer]
+
     tensors = {
-        hf: np.ascontiguousarray(to_hf(np.asarray(flat[ours].get_value())).astype(np_dtype))
+        hf: np.ascontiguousarray(to_hf(ours_on_host(ours)).astype(np_dtype))
         for hf, ours, _, to_hf in _param_table(cfg)
     }
     save_file(tensors, os.path.join(path, "model.safetensors"))

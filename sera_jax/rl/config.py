@@ -16,6 +16,8 @@ from ml_collections.config_dict import placeholder
 
 from sera_jax import methods as methods_lib
 from sera_jax.estimators import AGGREGATIONS
+from sera_jax.loop import trim_fields
+from sera_jax.models.configs import DTYPE_NAMES
 
 UNSEEN_POLICIES = ("fill", "fallback")
 
@@ -84,6 +86,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.sampling.top_k = 0
     # Rows per sampler call (static); 0 = the whole budget in one call.
     c.sampling.batch_size = 0
+    # KV-cache dtype of the rollout sampler: '' = the model's compute dtype (model.dtype),
+    # or one of sera_jax.models.configs.DTYPE_NAMES ('bfloat16' halves the cache memory).
+    c.sampling.kv_cache_dtype = ""
 
     # Mesh and multi-host.
     c.mesh = ml_collections.ConfigDict()
@@ -99,8 +104,25 @@ def get_config() -> ml_collections.ConfigDict:
     # Bookkeeping.
     c.checkpoint_every = 50
     c.max_checkpoints_to_keep = 3
+    # Asynchronous checkpoint writes: the step continues while Orbax writes (results are
+    # unchanged, so a resumed run may change it; it is never part of a fingerprint).
+    c.async_checkpoint = False
     c.log_every = 10
     return c
+
+
+#: Fields of this config left out of fingerprints (`fingerprint`): they never change results.
+FINGERPRINT_OMIT = ("async_checkpoint",)
+#: Fields left out of fingerprints while at these defaults: they were added after runs were
+#: started, and at the default they change nothing, so those runs keep their fingerprints.
+FINGERPRINT_DEFAULTS = {"sampling.kv_cache_dtype": ""}
+
+
+def fingerprint(config: ml_collections.ConfigDict) -> dict:
+    """`config` as the JSON dict that identifies a run (what `loop.run` compares on resume
+    and cached evaluations are keyed by): `to_dict()` without `FINGERPRINT_OMIT` and the
+    `FINGERPRINT_DEFAULTS` fields at their default."""
+    return trim_fields(config.to_dict(), FINGERPRINT_OMIT, FINGERPRINT_DEFAULTS)
 
 
 def _check(cond: bool, field: str, value, allowed: str) -> None:
@@ -213,12 +235,17 @@ def validate(config: ml_collections.ConfigDict) -> None:
            s.temperature, "a finite number >= 0 (0 = greedy)")
     _check(_number(s.top_p) and 0 < s.top_p <= 1, "sampling.top_p", s.top_p, "(0, 1]")
     _check(_int(s.top_k) and s.top_k >= 0, "sampling.top_k", s.top_k, ">= 0 (0 = off)")
+    kv = s.get("kv_cache_dtype", "")
+    _check(kv in ("",) + DTYPE_NAMES, "sampling.kv_cache_dtype", kv,
+           f"'' (the model's compute dtype) or one of {DTYPE_NAMES}")
     validate_mesh(c.mesh)
     _check(_int(c.checkpoint_every) and c.checkpoint_every >= 0, "checkpoint_every",
            c.checkpoint_every, ">= 0 (0 = off)")
     _check(_int(c.max_checkpoints_to_keep) and c.max_checkpoints_to_keep >= 1,
            "max_checkpoints_to_keep", c.max_checkpoints_to_keep, ">= 1")
     _check(_int(c.log_every) and c.log_every >= 1, "log_every", c.log_every, ">= 1")
+    _check(isinstance(c.get("async_checkpoint", False), bool), "async_checkpoint",
+           c.get("async_checkpoint"), "True or False")
 
 
 def validate_mesh(mesh: ml_collections.ConfigDict, prefix: str = "mesh") -> None:

@@ -72,6 +72,8 @@ class Rollouts:
     epoch: int
     cursor: int
     sample_time: float
+    #: Seconds of `task.score` (host verifier) for the step's completions.
+    score_time: float = 0.0
 
     @property
     def completion_mask(self) -> np.ndarray:

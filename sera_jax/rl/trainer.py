@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from absl import logging
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -106,12 +107,13 @@ def rollout_loss(
     num_tokens: jax.Array,
 ) -> jax.Array:
     """Policy-gradient surrogate of a (micro-)batch: recompute log π of the completions
-    under `model` (one forward over prompt + completion) and apply
-    `estimators.policy_gradient_loss` with whole-batch normalisers (P·N0, `num_tokens`)."""
+    under `model` (one forward over prompt + completion, the vocabulary head only where a
+    completion token is predicted) and apply `estimators.policy_gradient_loss` with
+    whole-batch normalisers (P·N0, `num_tokens`)."""
     width = batch.prompt_tokens.shape[1]
     tokens = jnp.concatenate([batch.prompt_tokens, batch.completion_tokens], axis=1)
     mask = jnp.concatenate([batch.prompt_mask, batch.completion_mask], axis=1)
-    logprobs = token_logprobs(model, tokens, mask)[:, width:]
+    logprobs = token_logprobs(model, tokens, mask, start=width)
     return policy_gradient_loss(
         logprobs, batch.completion_mask, batch.advantages, batch.weights,
         aggregation=aggregation, num_prompts=num_prompts, n0=n0, max_len=max_len,
@@ -180,10 +182,17 @@ class Trainer:
         self.sampling = SamplingConfig(
             max_new_tokens=int(task.max_new_tokens), temperature=1.0 if greedy else s.temperature,
             top_p=s.top_p, top_k=s.top_k, greedy=greedy, stop_ids=tuple(task.stop_ids),
-            pad_id=int(task.pad_id))
+            pad_id=int(task.pad_id), cache_dtype=s.get("kv_cache_dtype", "") or None)
         self.loss_len = int(config.loss_norm_length) or int(task.max_new_tokens)
 
         self.graphdef, params = nnx.split(model)
+        low = sorted({str(x.dtype) for x in jax.tree.leaves(params)
+                      if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != jnp.float32})
+        if low:
+            # AdamW's moments take the parameters' dtype, and a bf16 master weight drops
+            # every update below 2^-8 of its magnitude (lr 1e-5 updates vanish).
+            logging.warning("training %s master weights (and AdamW moments); keep "
+                            "param_dtype float32 and set the compute dtype instead", low)
         self.param_shardings = shd.state_shardings(params, self.mesh, rules)
         abstract_opt = jax.eval_shape(self.tx.init, params)
         self.opt_shardings = optax.tree_map_params(
@@ -340,10 +349,12 @@ class Trainer:
                                                            out.truncated))
         t_sample = time.perf_counter() - t_sample
 
+        t_score = time.perf_counter()
         row_ids = ids[segment_ids]
         completions = [tokens[r, : lengths[r]] for r in range(self.budget)]
         rewards = np.asarray(task.score(c.split, row_ids.tolist(), completions, truncated),
                              np.float32)
+        t_score = time.perf_counter() - t_score
         if rewards.shape != (self.budget,):
             raise ValueError(f"task.score returned shape {rewards.shape}; expected "
                              f"({self.budget},), one reward per completion")
@@ -357,7 +368,7 @@ class Trainer:
             prompt_mask=rows_mask, completion_tokens=tokens, lengths=lengths,
             truncated=truncated, rewards=rewards, advantages=advantages.astype(np.float32),
             weights=weights.astype(np.float32), epoch=epoch, cursor=cursor,
-            sample_time=t_sample)
+            sample_time=t_sample, score_time=t_score)
         return rollouts, history, key
 
     def device_batch(self, rollouts: Rollouts) -> RolloutBatch:
@@ -374,9 +385,14 @@ class Trainer:
         """
         t0 = time.perf_counter()
         rollouts, history, key = self.collect(state)
+        t_train = time.perf_counter()
         with jax.set_mesh(self.mesh):
             params, opt_state, train_metrics = self._train_step(
                 state.params, state.opt_state, self.device_batch(rollouts))
+        # The metrics depend on the updated parameters (param_norm), so fetching them waits
+        # for the whole update: the end of the train phase.
+        train_metrics = {k: float(shd.to_host(v)) for k, v in train_metrics.items()}
+        t_train = time.perf_counter() - t_train
         history = history_lib.update_from_rollouts(
             history, jnp.asarray(rollouts.prompt_ids), jnp.asarray(rollouts.segment_ids),
             jnp.asarray(rollouts.rewards))
@@ -388,9 +404,10 @@ class Trainer:
                                  epoch=np.int32(rollouts.epoch),
                                  cursor=np.int32(rollouts.cursor)), self.mesh))
         metrics = self._metrics(rollouts)
-        metrics.update({k: float(shd.to_host(v)) for k, v in train_metrics.items()})
+        metrics.update(train_metrics)
         metrics.update(epoch=float(rollouts.epoch), step_time=time.perf_counter() - t0,
-                       sample_time=rollouts.sample_time,
+                       sample_time=rollouts.sample_time, score_time=rollouts.score_time,
+                       train_time=t_train,
                        tokens_per_s=metrics["generated_tokens"] / max(rollouts.sample_time,
                                                                       1e-9))
         return (new_state, metrics, rollouts) if return_rollouts else (new_state, metrics)
@@ -445,7 +462,7 @@ class RLProgram:
 #: Fingerprint fields (under the run's `rl.`) that a resumed RL run may change: how long and
 #: how often, never what (the learning rate is constant, so a longer run continues exactly).
 RESUMABLE = ("rl.num_steps", "rl.log_every", "rl.checkpoint_every", "rl.max_checkpoints_to_keep",
-             "rl.multihost")
+             "rl.multihost", "rl.async_checkpoint")
 
 
 def initialize_distributed(config: ml_collections.ConfigDict) -> bool:

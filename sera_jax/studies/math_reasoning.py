@@ -35,6 +35,7 @@ from absl import logging
 from sera_jax import loop
 from sera_jax import sharding as shd
 from sera_jax.checkpoint import Checkpointer
+from sera_jax.models.configs import DTYPE_NAMES
 from sera_jax.models.decoder import Decoder
 from sera_jax.models.policy import MODEL_SOURCES, load_policy
 from sera_jax.records import log_timing, read_json, read_jsonl, write_json
@@ -46,6 +47,9 @@ from sera_jax.studies import common
 from sera_jax.tasks.mathqa.task import MathTask, task_from_config
 
 STAGES = ("all", "rl", "eval")
+#: `eval.kv_cache_dtype` (added after the first runs) is left out of fingerprints at its
+#: default '' (the compute dtype), so earlier runs and cached evaluations stay valid.
+EVAL_DEFAULTS = {"kv_cache_dtype": ""}
 
 
 # ----------------------------------------------------------------------------- building
@@ -75,10 +79,20 @@ def run_config(cfg: ml_collections.ConfigDict, method: str) -> ml_collections.Co
     return rl_config.with_method(cfg.rl, method)
 
 
+#: Model options left out of fingerprints at their default (added after the first runs):
+#: the layers' layout computes the same function (to float32 tolerance).
+MODEL_DEFAULTS = {"scan_layers": False}
+
+
+def model_fingerprint(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+    return loop.trim_fields(cfg.model.to_dict(), defaults=MODEL_DEFAULTS)
+
+
 def rl_fingerprint(cfg: ml_collections.ConfigDict, rl: ml_collections.ConfigDict
                    ) -> dict[str, Any]:
     """What defines one RL run: the initial policy, the task and the resolved RL config."""
-    return {"model": cfg.model.to_dict(), "task": cfg.task.to_dict(), "rl": rl.to_dict()}
+    return {"model": model_fingerprint(cfg), "task": cfg.task.to_dict(),
+            "rl": rl_config.fingerprint(rl)}
 
 
 def restore_policy(rl_cfg: ml_collections.ConfigDict, task: MathTask, model: Decoder, mesh,
@@ -102,6 +116,8 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str]) -> None:
     c(m.source in MODEL_SOURCES, "model.source", m.source, f"one of {MODEL_SOURCES}")
     c(m.source == "embedded" or bool(m.path), "model.path", m.path,
       "a GGUF file (source 'gguf') or a Hugging Face directory (source 'hf')")
+    for field in ("dtype", "param_dtype"):
+        c(m[field] in DTYPE_NAMES, f"model.{field}", m[field], f"one of {DTYPE_NAMES}")
     c(cfg.rl.method is None, "rl.method", cfg.rl.method,
       "unset: the study sets it per run from config.compare.methods")
     for method in methods:
@@ -118,6 +134,8 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str]) -> None:
     c(isinstance(e.top_k, int) and e.top_k >= 0, "eval.top_k", e.top_k, ">= 0")
     c(isinstance(e.max_new_tokens, int) and e.max_new_tokens >= 0, "eval.max_new_tokens",
       e.max_new_tokens, ">= 0 (0 = the task's)")
+    c(e.get("kv_cache_dtype", "") in ("",) + DTYPE_NAMES, "eval.kv_cache_dtype",
+      e.get("kv_cache_dtype"), f"'' (the model's compute dtype) or one of {DTYPE_NAMES}")
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -130,7 +148,8 @@ def eval_sampling(cfg: ml_collections.ConfigDict, task: MathTask) -> SamplingCon
     return SamplingConfig(
         max_new_tokens=int(e.max_new_tokens) or task.max_new_tokens, temperature=e.temperature,
         top_p=e.top_p, top_k=e.top_k, greedy=e.temperature == 0,
-        stop_ids=tuple(task.stop_ids), pad_id=task.pad_id)
+        stop_ids=tuple(task.stop_ids), pad_id=task.pad_id,
+        cache_dtype=e.get("kv_cache_dtype", "") or None)
 
 
 def evaluate_policy(model: Decoder, task: MathTask, cfg: ml_collections.ConfigDict,
@@ -205,7 +224,8 @@ def run_dir(workdir: str, method: str) -> str:
 
 
 def eval_fingerprint(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
-    return {"model": cfg.model.to_dict(), "task": cfg.task.to_dict(), "eval": cfg.eval.to_dict()}
+    return {"model": model_fingerprint(cfg), "task": cfg.task.to_dict(),
+            "eval": loop.trim_fields(cfg.eval.to_dict(), defaults=EVAL_DEFAULTS)}
 
 
 def stage_eval_initial(cfg, workdir: str, model: Decoder, task: MathTask, mesh) -> dict:
@@ -237,7 +257,8 @@ def stage_rl(cfg, workdir: str, method: str, model: Decoder, task: MathTask, mes
         trainer_lib.RLProgram(trainer, model), out, fingerprint=rl_fingerprint(cfg, rl),
         resumable=trainer_lib.RESUMABLE,
         schedule=loop.Schedule(num_steps=rl.num_steps, checkpoint_every=rl.checkpoint_every,
-                               max_to_keep=rl.max_checkpoints_to_keep, log_every=rl.log_every),
+                               max_to_keep=rl.max_checkpoints_to_keep, log_every=rl.log_every,
+                               async_checkpoint=bool(rl.get("async_checkpoint", False))),
         hooks=loop.Hooks(on_start=counter.on_start, record=counter.record,
                          log_keys=("reward_mean", "mixed_fraction", "kappa_min", "loss",
                                    "tokens_per_s", "step_time")),
@@ -273,7 +294,8 @@ def stage_eval_after(cfg, workdir: str, method: str, model: Decoder, task: MathT
                      record["maj_at_n"])
         return record
 
-    fingerprint = {**rl_fingerprint(cfg, rl), "eval": cfg.eval.to_dict()}
+    fingerprint = {**rl_fingerprint(cfg, rl),
+                   "eval": loop.trim_fields(cfg.eval.to_dict(), defaults=EVAL_DEFAULTS)}
     return common.cached_json(os.path.join(workdir, "eval", f"{method}.json"), fingerprint,
                               compute)
 

@@ -82,8 +82,9 @@ ALLOC_RECORDS = "alloc.jsonl"
 #: Precision options (added after the first runs) left out of fingerprints at their default,
 #: so earlier runs resume and their cached evaluations stay valid (`loop.trim_fields`):
 #: `model.dtype` (compute dtype; parameters and AdamW state stay float32) and
-#: `eval.kv_cache_dtype` ('' = the compute dtype).
-MODEL_DEFAULTS = {"dtype": "float32"}
+#: `eval.kv_cache_dtype` ('' = the compute dtype); `model.scan_layers` (the layout of the
+#: layers' parameters: the same function, equal to float32 tolerance, not bitwise).
+MODEL_DEFAULTS = {"dtype": "float32", "scan_layers": False}
 EVAL_DEFAULTS = {"kv_cache_dtype": ""}
 
 
@@ -96,10 +97,15 @@ def build_task(cfg: ml_collections.ConfigDict) -> maze_lib.MazeTask:
 
 
 def build_model(cfg: ml_collections.ConfigDict) -> Decoder:
-    """A freshly initialised policy: the named preset `cfg.model.preset` with overrides and
-    the compute dtype `cfg.model.dtype` (float32 parameters: the master weights of SFT/RL)."""
+    """A freshly initialised policy: the named preset `cfg.model.preset` with overrides, the
+    compute dtype `cfg.model.dtype` (float32 parameters: the master weights of SFT/RL) and
+    the layer layout `cfg.model.scan_layers` (stacked layers run by one scan)."""
     overrides = dict(cfg.model.get("overrides", {}) or {})
     overrides["dtype"] = dtype_from_name(cfg.model.get("dtype", "float32"), "model.dtype")
+    scan = cfg.model.get("scan_layers", False)
+    if not isinstance(scan, bool):
+        raise common.StudyError(f"config.model.scan_layers={scan!r}; use True or False")
+    overrides["scan_layers"] = scan
     dcfg = get_model_config(cfg.model.preset, **overrides)
     if dcfg.vocab_size != maze_lib.VOCAB_SIZE:
         raise common.StudyError(f"config.model: vocab_size={dcfg.vocab_size}; the maze "

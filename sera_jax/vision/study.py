@@ -3,12 +3,18 @@
 * `run_measure(config, workdir)` — train a classifier with cross-entropy and snapshot it at
   `config.measure.stage_steps` (so p goes from near-uniform to heavily skewed); for each
   snapshot, budget N0 and allocator, R paired draws (the same PRNG key for every allocator at
-  a given draw) of the allocated MaxRL gradient, each compared with the exact gradient of the
-  mean CE on the same fixed minibatch. Writes `alignment.csv`, `alignment.png` (one panel per
-  stage), TensorBoard scalars and `summary.md` (also returned and printed by the binary).
+  a given draw; rollout j of image q has its own key, so methods share each image's first
+  rollouts) of the allocated MaxRL gradient, each compared with the exact gradient of the
+  mean CE on the same fixed minibatch. A two-stage method (`sera_sequential`) draws its pilot
+  -- rollouts 0..m−1 of every image with the draw's key -- then is allocated per draw from
+  the pilot's successes, and its gradient uses all N_q rollouts (pilot included) with the
+  weights N0/N_q of the realised counts (`alignment.allocate_batch(..., pilot_successes=)`).
+  Writes `alignment.csv`, `alignment.png` (one panel per stage), TensorBoard scalars and
+  `summary.md` (also returned and printed by the binary).
 * `run_train(config, workdir)` — train with the RL loss of one allocator (the published
   protocol) and log every `log_every` steps the cosine to the exact gradient on that step's
   minibatch, CE / top-1 on the minibatch and on validation, and analytic pass@k on validation.
+  One-shot methods only (a two-stage method is refused by `validate`).
   Writes `train_log.csv`, TensorBoard scalars and `summary.md`.
 
 Both run data-parallel over all local devices: the batch is sharded over the mesh's batch
@@ -179,6 +185,21 @@ def _linearize_fn(graphdef, bn_train: bool):
     return jax.jit(fwd)
 
 
+def _allocate(name: str, p: np.ndarray, n0: int, draw_keys: jax.Array, logits: jax.Array,
+              labels: jax.Array, al: ml_collections.ConfigDict) -> alignment.AllocatedBatch:
+    """Method `name`'s allocation of the measure batch: one for every draw, or -- for a
+    two-stage method -- one per draw after that draw's pilot (rollouts 0..m−1 of every
+    image, drawn with the draw's key, so they are the first rollouts the cotangent uses)."""
+    method = methods_lib.get_method(name)
+    pilot = None
+    if method.two_stage:
+        pilot = alignment.pilot_successes(draw_keys, logits, labels,
+                                          method.pilot_size(al.n_min))
+    return alignment.allocate_batch(name, p, n0, n_min=al.n_min, n_max=al.n_max,
+                                    threshold=al.threshold, shift=al.shift,
+                                    pilot_successes=pilot)
+
+
 def run_measure(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Measure mode; returns {'rows': csv rows, 'summary': markdown, 'seconds': wall time}."""
     t0 = time.time()
@@ -226,33 +247,31 @@ def run_measure(config: ml_collections.ConfigDict, workdir: str) -> dict[str, An
             "top1": float((logits_host.argmax(1) == batch["label"]).mean())})
         exact = alignment.ce_logit_cotangent(logits, labels)
         for n0 in budgets:
-            allocs = [alignment.allocate_batch(n, p, n0, n_min=al.n_min, n_max=al.n_max,
-                                               threshold=al.threshold, shift=al.shift)
-                      for n in names]
-            counts = np.stack([a.counts for a in allocs])
-            weights = np.stack([a.weights for a in allocs])
-            kappas = np.stack([a.kappa for a in allocs]).astype(np.float32)
             skey = jax.random.fold_in(jax.random.fold_in(key, si), n0)
             draw_keys = jax.random.split(skey, num_draws)
-            # Paired draws: the same key for every allocator at draw r.
+            allocs = [_allocate(n, p, n0, draw_keys, logits, labels, al) for n in names]
+            # Paired draws: the same key for every allocator at draw r; [R, A, P] -> [R·A, P].
+            per_draw = lambda x: np.broadcast_to(x, (num_draws,) + x.shape[-1:])  # noqa: E731
+            m_counts, m_weights = (
+                np.stack([per_draw(getattr(a, f)) for a in allocs], 1).reshape(-1, p.size)
+                for f in ("counts", "weights"))
             m_keys = jnp.repeat(draw_keys, len(names), axis=0)
-            m_counts = np.tile(counts, (num_draws, 1))
-            m_weights = np.tile(weights, (num_draws, 1))
             cots = _cotangents(n0, ms.cot_chunk, m_keys, logits, labels, m_counts, m_weights)
-            expected = jnp.stack([alignment.expected_logit_cotangent(
-                logits, labels, kappas[a], counts[a], weights[a], n0) for a in range(len(names))])
+            expected = jnp.stack([alignment.expected_cotangent_of(a, logits, labels, n0)
+                                  for a in allocs])
             cos, ratio = alignment.gradient_alignment(
                 vjp_fn, jnp.concatenate([cots, expected]), exact, unroll=ms.unroll)
             m = num_draws * len(names)
             cos_exp = cos[m:]
             for i in range(m):
                 r, a = divmod(i, len(names))
+                ab = allocs[a]  # κ: E[c_q], over the pilot too for a two-stage method
                 rows.append({
                     "stage": stage, "stage_step": step, "budget": n0, "method": names[a],
                     "draw": r, "seed": config.seed, "cosine": float(cos[i]),
                     "norm_ratio": float(ratio[i]), "cosine_expected": float(cos_exp[a]),
-                    "kappa_min": allocs[a].kappa_min, "kappa_mean": allocs[a].kappa_mean,
-                    "active_frac": allocs[a].active_frac})
+                    "kappa_min": ab.kappa_min, "kappa_mean": ab.kappa_mean,
+                    "active_frac": ab.active_frac})
             for a, n in enumerate(names):
                 writer.add_scalar(f"measure/{stage.replace(' ', '_')}/{n}/cosine",
                                   float(cos[a:m:len(names)].mean()), n0)
@@ -284,27 +303,37 @@ def write_csv(path: str, rows: Sequence[dict[str, Any]], columns: Sequence[str])
         w.writerows(rows)
 
 
+#: Paired differences `aggregate` reports: (reference method, mean key, std-error key).
+PAIRED_REFERENCES = (("uniform", "diff_vs_uniform", "diff_se"),
+                     ("sera", "diff_vs_sera", "diff_vs_sera_se"))
+#: The rules beyond the paper, compared with SERA in the summary when measured.
+NEW_RULES = ("sera_posterior", "sera_sequential")
+
+
 def aggregate(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (stage, budget, allocator): mean ± std-error of the cosine over draws, mean norm
-    ratio, κ diagnostics, and the paired difference to `uniform` (same draws) when present."""
+    ratio, κ diagnostics (mean over the rows), and the paired differences to `uniform` and to
+    `sera` (same draws) when present."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["stage"], r["budget"], r["method"]), []).append(r)
+    cosines = {k: np.array([r["cosine"] for r in sorted(rs, key=lambda r: r["draw"])])
+               for k, rs in groups.items()}
     out = []
     for (stage, budget, name), rs in groups.items():
-        rs = sorted(rs, key=lambda r: r["draw"])
-        c = np.array([r["cosine"] for r in rs])
+        c = cosines[(stage, budget, name)]
+        mean = lambda f, rs=rs: float(np.mean([r[f] for r in rs]))  # noqa: E731
         row = {"stage": stage, "budget": budget, "method": name, "n": len(c),
                "cosine": float(c.mean()), "cosine_se": float(c.std(ddof=1) / math.sqrt(len(c))),
-               "norm_ratio": float(np.mean([r["norm_ratio"] for r in rs])),
-               "cosine_expected": rs[0]["cosine_expected"], "kappa_min": rs[0]["kappa_min"],
-               "kappa_mean": rs[0]["kappa_mean"], "active_frac": rs[0]["active_frac"]}
-        base = groups.get((stage, budget, "uniform"))
-        if base is not None and name != "uniform":
-            u = np.array([r["cosine"] for r in sorted(base, key=lambda r: r["draw"])])
-            d = c - u
-            row["diff_vs_uniform"] = float(d.mean())
-            row["diff_se"] = float(d.std(ddof=1) / math.sqrt(len(d)))
+               "norm_ratio": mean("norm_ratio"), "cosine_expected": rs[0]["cosine_expected"],
+               "kappa_min": mean("kappa_min"), "kappa_mean": mean("kappa_mean"),
+               "active_frac": mean("active_frac")}
+        for ref, key, se_key in PAIRED_REFERENCES:
+            base = cosines.get((stage, budget, ref))
+            if base is not None and name != ref:
+                d = c - base
+                row[key] = float(d.mean())
+                row[se_key] = float(d.std(ddof=1) / math.sqrt(len(d)))
         out.append(row)
     return out
 
@@ -327,7 +356,7 @@ def plot_alignment(table: Sequence[dict[str, Any]], path: str, stages: Sequence[
                 continue
             ax.errorbar([r["budget"] for r in rs], [r["cosine"] for r in rs],
                         yerr=[r["cosine_se"] for r in rs], marker="o", ms=3, capsize=2,
-                        lw=2.2 if name in ("uniform", "sera_dynamic") else 1.0,
+                        lw=2.2 if name in ("uniform", "sera") else 1.0,
                         label=methods_lib.get_method(name).label)
         ax.set_xscale("log", base=2)
         ax.set_title(stage)
@@ -385,6 +414,23 @@ def summary_markdown(table: Sequence[dict[str, Any]], stages: Sequence[dict[str,
                     f"| {v['kappa_min']:.3f} | {u['kappa_mean']:.3f} | {v['kappa_mean']:.3f} | "
                     f"{v['active_frac']:.2f} | {u['cosine_expected']:.3f} | "
                     f"{v['cosine_expected']:.3f} |")
+    new = [n for n in NEW_RULES if n in methods]
+    if "sera" in methods and new:
+        lines += ["", "Rules beyond the paper vs SERA (dynamic), paired over the same draws (Δ ± "
+                  "se); κ and cos(E) of a two-stage method are over its pilot too (E[c_q], "
+                  "comparable with a one-shot κ(p, N_q); the cosine of E[g]):", "",
+                  "| stage | N0 | SERA | " + " | ".join(
+                      f"{n} | Δ vs SERA | κmin | cos(E)" for n in new) + " |",
+                  "|---|---|---|" + "---|---|---|---|" * len(new)]
+        for s in stages:
+            for b in budgets:
+                v = idx.get((s["stage"], b, "sera"))
+                cells = [idx.get((s["stage"], b, n)) for n in new]
+                if v is None or any(c is None for c in cells):
+                    continue
+                lines.append(f"| {s['stage']} | {b} | {v['cosine']:.3f} | " + " | ".join(
+                    f"{c['cosine']:.3f} | {c['diff_vs_sera']:+.3f} ± {c['diff_vs_sera_se']:.3f} "
+                    f"| {c['kappa_min']:.3f} | {c['cosine_expected']:.3f}" for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -533,6 +579,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     else:
         tr = config.train
         methods_and_budgets("train.method", [tr.method], [tr.n0])
+        c(tr.method not in methods_lib.METHODS or not methods_lib.get_method(tr.method)
+          .two_stage, "train.method", tr.method, "a one-shot method: train mode allocates "
+          "before the step's rollouts, and this one allocates from in-step pilot rollouts "
+          "(measure it with --config.mode=measure)")
         c(pos(tr.num_steps) and pos(tr.log_every), "train.num_steps", tr.num_steps,
           "integers >= 1 (num_steps, log_every)")
 

@@ -146,12 +146,15 @@ def test_bfloat16_compute_returns_float32_logits_close_to_float32():
 
 
 def test_every_param_has_logical_axis_names():
-    for cfg in VARIANTS.values():
+    scanned = [c.replace(scan_layers=True) for c in VARIANTS.values()]
+    for cfg in (*VARIANTS.values(), *scanned):
         model = nnx.eval_shape(lambda cfg=cfg: Decoder(cfg, rngs=nnx.Rngs(0)))
         for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
             names = var.get_metadata()["out_sharding"]
             assert len(names) == var.get_value().ndim, path
             assert set(names) <= set(LOGICAL_AXIS_NAMES), path
+            # Stacked layer params (and only they) lead with the unsplit "layers" axis.
+            assert (names[0] == "layers") == (cfg.scan_layers and path[0] == "layers"), path
 
 
 def _param_count(cfg):
@@ -353,3 +356,236 @@ def test_activation_constraint_avoids_full_rematerialisation():
     without = log[log.index("== none"):log.index("== end")]
     assert "Involuntary full rematerialization" not in with_mesh
     assert "Involuntary full rematerialization" in without
+
+
+# ------------------------------------------------------------ scanned layers (scan_layers)
+
+# Every parameter kind at once (bias, q/k norm, untied head), 3 layers; and the 1-layer edge
+# case (a `last_only` pass scans no layer before the last). Few variants: each compiles.
+SCAN_VARIANTS = {
+    "all_params": TINY.replace(num_layers=3, qkv_bias=True, qk_norm=True, head_dim=12,
+                               tie_embeddings=False),
+    "one_layer": TINY.replace(num_layers=1),
+}
+
+
+def _stacked(flat_unrolled, num_layers):
+    """{path: array} of an unrolled model's state, restated in the scanned layout by hand:
+    `("layers", i, *rest)` -> `("layers", *rest)` stacked over i (independent of
+    `convert_layout`)."""
+    out = {}
+    for path, x in flat_unrolled.items():
+        if path[0] != "layers":
+            out[path] = np.asarray(x)
+    rests = {path[2:] for path in flat_unrolled if path[0] == "layers"}
+    for rest in rests:
+        out[("layers", *rest)] = np.stack(
+            [np.asarray(flat_unrolled[("layers", i, *rest)]) for i in range(num_layers)])
+    return out
+
+
+def _flat(state):
+    return {path: var.get_value() if isinstance(var, nnx.Variable) else var
+            for path, var in nnx.to_flat_state(state)}
+
+
+def test_scanned_init_is_the_stacked_unrolled_init_and_converts_back():
+    cfg = SCAN_VARIANTS["all_params"]
+    unrolled = Decoder(cfg, rngs=nnx.Rngs(3))
+    scanned = Decoder(cfg.replace(scan_layers=True), rngs=nnx.Rngs(3))
+    assert isinstance(unrolled.layers, nnx.List) and not isinstance(scanned.layers, nnx.List)
+    want = _stacked(_flat(nnx.state(unrolled)), cfg.num_layers)
+    got = _flat(nnx.state(scanned))
+    assert got.keys() == want.keys()
+    for path in want:
+        np.testing.assert_array_equal(got[path], want[path], err_msg=str(path))
+    assert scanned.layers.attn.q_kernel.get_metadata()["out_sharding"] == (
+        "layers", "embed", "q_heads", "head_dim")
+    assert count_params(scanned) == count_params(unrolled)
+    converted = decoder_lib.convert_layout(unrolled, scan_layers=True)
+    assert converted.cfg.scan_layers
+    for path, x in _flat(nnx.state(converted)).items():
+        np.testing.assert_array_equal(x, want[path])
+    back = decoder_lib.convert_layout(scanned, scan_layers=False)
+    assert not back.cfg.scan_layers
+    for path, x in _flat(nnx.state(unrolled)).items():
+        np.testing.assert_array_equal(_flat(nnx.state(back))[path], x)
+    assert decoder_lib.convert_layout(scanned, scan_layers=True) is scanned
+
+
+@pytest.mark.parametrize("name", sorted(SCAN_VARIANTS))
+def test_scanned_matches_unrolled_prefill_and_cached_decode(name):
+    """Same weights, both layouts: full forward, a cached prefill (plain and `last_only`),
+    then one-token decode steps give the same logits and the same cache contents."""
+    cfg = SCAN_VARIANTS[name]
+    unrolled = _randomised(cfg, seed=4)
+    scanned = decoder_lib.convert_layout(unrolled, scan_layers=True)
+    tokens, mask = _left_padded_batch(cfg.vocab_size, [9, 6, 3], 9, seed=4)
+    positions = positions_from_mask(mask)
+    np.testing.assert_allclose(forward(scanned, tokens, positions, mask),
+                               forward(unrolled, tokens, positions, mask), atol=2e-5, rtol=1e-5)
+
+    step = nnx.jit(lambda m, t, p, c, a: m(t, p, c, a))
+    prefill_last = nnx.jit(lambda m, t, p, c, a: m(t, p, c, a, last_only=True))
+
+    def same_cache(c_unrolled, c_scanned):
+        assert c_scanned.stacked and not c_unrolled.stacked
+        np.testing.assert_allclose(c_scanned.k, np.stack(c_unrolled.k, axis=1), atol=1e-5)
+        np.testing.assert_allclose(c_scanned.v, np.stack(c_unrolled.v, axis=1), atol=1e-5)
+        np.testing.assert_array_equal(c_scanned.valid, c_unrolled.valid)
+        assert int(c_scanned.index) == int(c_unrolled.index)
+
+    # A prompt filling a fresh cache (T = S: each layer's buffer replaced whole), then a
+    # last_only prefill into a longer one (slots written at `index`), decoded on from.
+    prefill = 5
+    for run, slots in ((step, prefill), (prefill_last, 12)):
+        pair = []
+        for model in (unrolled, scanned):
+            pair.append(run(model, tokens[:, :prefill], positions[:, :prefill],
+                            init_cache(model.cfg, batch=3, max_len=slots), mask[:, :prefill]))
+        (l_u, c_u), (l_s, c_s) = pair
+        np.testing.assert_allclose(l_s, l_u, atol=2e-5, rtol=1e-5)
+        same_cache(c_u, c_s)
+    for i in range(prefill, 9):
+        args = (tokens[:, i:i + 1], positions[:, i:i + 1])
+        l_u, c_u = step(unrolled, *args, c_u, mask[:, i:i + 1])
+        l_s, c_s = step(scanned, *args, c_s, mask[:, i:i + 1])
+        np.testing.assert_allclose(l_s, l_u, atol=2e-5, rtol=1e-5)
+    same_cache(c_u, c_s)
+    # last_only without a cache as well.
+    no_cache = nnx.jit(lambda m, t, p, a: m(t, p, attention_mask=a, last_only=True)[0])
+    np.testing.assert_allclose(no_cache(scanned, tokens, positions, mask),
+                               no_cache(unrolled, tokens, positions, mask), atol=2e-5, rtol=1e-5)
+
+
+def _weighted_logprob_loss(model, tokens, mask, weights):
+    return -jnp.sum(token_logprobs(model, tokens, mask) * weights)
+
+
+_loss_grad = nnx.jit(nnx.value_and_grad(_weighted_logprob_loss))
+
+
+def test_scanned_gradients_match_unrolled():
+    cfg = SCAN_VARIANTS["all_params"]
+    unrolled = _randomised(cfg, seed=5)
+    scanned = decoder_lib.convert_layout(unrolled, scan_layers=True)
+    tokens, mask = _left_padded_batch(cfg.vocab_size, [7, 4, 6], 7, seed=5)
+    weights = jnp.asarray(np.random.default_rng(5).standard_normal(tokens.shape), jnp.float32)
+    loss_u, g_u = _loss_grad(unrolled, tokens, mask, weights)
+    loss_s, g_s = _loss_grad(scanned, tokens, mask, weights)
+    np.testing.assert_allclose(loss_s, loss_u, rtol=1e-5)
+    want = _stacked(_flat(g_u), cfg.num_layers)
+    got = _flat(g_s)
+    assert got.keys() == want.keys()
+    for path in want:
+        assert np.abs(want[path]).max() > 0, path  # every parameter gets a gradient
+        np.testing.assert_allclose(got[path], want[path], atol=1e-5, rtol=1e-4,
+                                   err_msg=str(path))
+
+
+def test_scanned_program_holds_one_block():
+    """The scanned forward's program does not grow with depth (the unrolled one does)."""
+    def dots(cfg):
+        model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+        graphdef, state = nnx.split(model)
+        tokens = jax.ShapeDtypeStruct((2, 6), jnp.int32)
+        text = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t, t)[0]).lower(
+            state, tokens).as_text()
+        return text.count("dot_general")
+
+    scanned = TINY.replace(scan_layers=True)
+    assert dots(scanned.replace(num_layers=2)) == dots(scanned.replace(num_layers=5))
+    assert dots(TINY.replace(num_layers=5)) > dots(TINY.replace(num_layers=2))
+
+
+def test_scanned_cache_layout_and_validation():
+    cfg = TINY.replace(scan_layers=True)
+    cache = init_cache(cfg, batch=2, max_len=5, dtype=jnp.bfloat16)
+    assert cache.stacked and cache.k.shape == (2, 2, 2, 8, 5) and cache.v.shape == (2, 2, 2, 5, 8)
+    assert cache.k.dtype == jnp.bfloat16 and cache.valid.shape == (2, 5)
+    assert init_cache(cfg, batch=2, max_len=5).k.dtype == jnp.float32
+    assert not init_cache(TINY, batch=2, max_len=5).stacked
+    tokens = jnp.zeros((2, 3), jnp.int32)
+    scanned = _randomised(cfg)
+    with pytest.raises(ValueError, match="scan_layers=True"):
+        scanned(tokens, tokens, init_cache(TINY, batch=2, max_len=8))
+    with pytest.raises(ValueError, match="num_layers=2"):
+        scanned(tokens, tokens, init_cache(cfg.replace(num_layers=3), batch=2, max_len=8))
+    with pytest.raises(ValueError, match="scan_layers=False"):
+        _randomised(TINY)(tokens, tokens, init_cache(cfg, batch=2, max_len=8))
+
+
+def test_scanned_under_mesh_matches_single_device():
+    """Stacked params shard like their per-layer selves with the layer axis unsplit; the
+    sharded forward and gradient equal the single-device ones."""
+    cfg = TINY.replace(scan_layers=True)
+    tokens, mask = _left_padded_batch(cfg.vocab_size, [6, 3, 5, 6], 6, seed=6)
+    weights = jnp.asarray(np.random.default_rng(6).standard_normal(tokens.shape), jnp.float32)
+    ref_loss, ref_grads = _loss_grad(_randomised(cfg), tokens, mask, weights)
+    mesh = sharding.make_mesh((2, 2, 2))
+    sharded = sharding.shard_model(_randomised(cfg), mesh)
+    assert sharded.layers.attn.q_kernel[...].sharding.spec == PartitionSpec(
+        None, "fsdp", "tensor", None)
+    assert sharded.layers.mlp.down[...].sharding.spec == PartitionSpec(None, "tensor", "fsdp")
+    tokens, mask = sharding.shard_batch((tokens, mask), mesh)
+    with jax.set_mesh(mesh):
+        loss, grads = _loss_grad(sharded, tokens, mask, weights)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+    assert not grads["layers"]["attn"]["q_kernel"].get_value().sharding.is_fully_replicated
+    for path, g in _flat(ref_grads).items():
+        np.testing.assert_allclose(np.asarray(_flat(grads)[path]), g, atol=1e-5, rtol=1e-4)
+
+
+def test_scanned_params_round_trip_through_checkpointer(tmp_path):
+    """The stacked state is an ordinary pytree for `sera_jax.checkpoint` (restored onto the
+    abstract target, sharded on a mesh); an unrolled checkpoint is refused for a scanned
+    target, naming the paths."""
+    from sera_jax.checkpoint import Checkpointer, CheckpointError
+
+    cfg = TINY.replace(scan_layers=True)
+    mesh = sharding.make_mesh((2, 2, 2))
+    params = nnx.state(sharding.shard_model(_randomised(cfg), mesh), nnx.Param)
+    with Checkpointer(tmp_path / "scanned") as ckpt:
+        ckpt.save(1, params)
+        ckpt.wait_until_finished()
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                             sharding=x.sharding), params)
+        restored, _ = ckpt.restore(target)
+    for path, x in _flat(params).items():
+        got = _flat(restored)[path]
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(x))
+        assert got.sharding.is_equivalent_to(x.sharding, x.ndim), path
+    with Checkpointer(tmp_path / "unrolled") as ckpt:
+        ckpt.save(1, nnx.state(_randomised(TINY), nnx.Param))
+        ckpt.wait_until_finished()
+        with pytest.raises(CheckpointError, match="layers"):
+            ckpt.restore(target)
+
+
+def test_token_logprobs_start_matches_full_forward_reference():
+    """`start=` (head only at the predicting positions, last token dropped) equals the
+    straightforward full-forward log-softmax, values and gradients (float32 tolerance)."""
+    cfg = DecoderConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_layers=2,
+                        num_heads=4, num_kv_heads=2)
+    model = Decoder(cfg, rngs=nnx.Rngs(3))
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, 61, (3, 11)), jnp.int32)
+    mask = jnp.asarray(np.arange(11)[None] >= np.array([[0], [2], [5]]))
+    width = 6
+    weights = jnp.asarray(rng.normal(size=(3, 11 - width)), jnp.float32)
+
+    def reference(m):
+        logits, _ = m(tokens, positions_from_mask(mask), attention_mask=mask)
+        lp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+        lp = jnp.take_along_axis(lp, tokens[:, 1:, None], axis=-1)[..., 0]
+        return jnp.where(mask[:, 1:], lp, 0.0)[:, width - 1:]
+
+    def fast(m):
+        return token_logprobs(m, tokens, mask, start=width)
+
+    np.testing.assert_allclose(fast(model), reference(model), atol=1e-5)
+    np.testing.assert_allclose(token_logprobs(model, tokens, mask)[:, width:], reference(model),
+                               atol=1e-5)
+    grads = [nnx.grad(lambda m, f=f: jnp.sum(weights * f(m)))(model) for f in (fast, reference)]
+    for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1]), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)

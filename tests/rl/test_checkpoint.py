@@ -279,3 +279,60 @@ def test_bad_meta_is_refused_before_writing(tmp_path):
             with pytest.raises(ValueError, match="reserved"):
                 ck.save(1, _tree(), {key: 1})
         assert ck.all_steps() == []
+
+
+# ---------------------------------------------------------------- asynchronous saves
+
+
+def test_async_save_is_intact_although_the_next_step_donates_the_state(tmp_path):
+    """`save` returns before the write; a donating step then updates the state in place (as
+    the train step does) while the write runs: the checkpoint still holds the saved values,
+    bit for bit, sharded leaves included."""
+    mesh = shd.make_mesh((2, 4, 1))
+    tree = _random_tree(1)
+    tree["big"] = jax.device_put(  # 8 MiB over 8 devices: the write outlives the step
+        jnp.asarray(np.random.default_rng(2).normal(size=(2048, 1024)), jnp.float32),
+        NamedSharding(mesh, PartitionSpec("fsdp")))
+    expected = jax.tree.map(np.array, tree)  # host copies, taken before the save
+    step = jax.jit(lambda t: jax.tree.map(lambda x: x + jnp.ones((), x.dtype), t),
+                   donate_argnums=0)
+    with Checkpointer(tmp_path, async_save=True) as ck:
+        ck.save(1, tree, {"step": 1})
+        for _ in range(3):
+            tree = step(tree)
+        jax.block_until_ready(tree)
+        ck.save(2, tree, {"step": 2})  # waits for step 1's write first
+        assert ck.latest_step() == 2 and ck.all_steps() == [1, 2]
+        restored, meta = ck.restore(jax.tree.map(jnp.zeros_like, tree), step=1)
+    assert meta == {"step": 1}
+    _leaves_equal(restored, expected)
+
+
+def test_a_failing_async_write_is_a_checkpoint_error(tmp_path, monkeypatch):
+    """The commit fails in the background after `save` returned: the next call raises the
+    module's CheckpointError (whatever the cause), the step is not committed, and the
+    checkpointer keeps working."""
+    import errno
+
+    from orbax.checkpoint._src.checkpointers import async_checkpointer
+
+    real = async_checkpointer._on_commit_callback
+    with Checkpointer(tmp_path, async_save=True) as ck:
+        ck.save(1, _tree())
+        ck.wait_until_finished()  # committed before the patch below (looked up at commit)
+        for error, match in ((OSError(errno.ENOSPC, "No space left on device"), "disk is full"),
+                             (RuntimeError("bucket went away"), "bucket went away")):
+            def fail(*args, error=error, **kwargs):
+                raise error
+
+            monkeypatch.setattr(async_checkpointer, "_on_commit_callback", fail)
+            ck.save(2, _tree())  # returns: the failure happens in the background
+            with pytest.raises(CheckpointError, match="asynchronous checkpoint write") as e:
+                ck.wait_until_finished()
+            assert match in str(e.value) and "not committed" in str(e.value)
+            monkeypatch.setattr(async_checkpointer, "_on_commit_callback", real)
+            assert ck.all_steps() == [1]
+        ck.save(3, _tree())
+    with Checkpointer(tmp_path) as ck:
+        assert ck.all_steps() == [1, 3]
+        _leaves_equal(ck.restore(_tree())[0], _tree())

@@ -167,6 +167,37 @@ def test_gradients_other_aggregations(aggregation):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-7)
 
 
+def test_scanned_layers_gradients_equal_unrolled():
+    """The trainer's accumulated gradient for a scan_layers policy (same seed: the same
+    weights, stacked) equals the unrolled policy's on the same rollouts (the samplers'
+    equality is tests/test_sampling.py's)."""
+    config = small_config()
+    task = EmitTask()
+    # Any batch will do: the rollouts of the other tests' 1-layer policy (its sampler is
+    # compiled already in a full run).
+    sampler = trainer_lib.Trainer(config, task, tiny_model(seed=1), one_device_mesh())
+    rollouts, _, _ = sampler.collect(
+        with_history(sampler.init_state(tiny_model(seed=1)), np.linspace(0.05, 0.95, 12)))
+    results = []
+    for scan in (False, True):
+        model = tiny_model(seed=1, num_layers=2, scan_layers=scan)
+        trainer = trainer_lib.Trainer(config, task, model, one_device_mesh())
+        state = trainer.init_state(model)
+        loss, grads = trainer.gradients(state.params, trainer.device_batch(rollouts))
+        flat = {path: np.asarray(v.get_value()) for path, v in nnx.to_flat_state(grads)}
+        results.append((float(loss), flat))
+    assert 0 < rollouts.rewards.sum() < len(rollouts.rewards)  # a non-zero policy gradient
+    (loss_u, unrolled), (loss_s, scanned) = results
+    np.testing.assert_allclose(loss_s, loss_u, rtol=1e-5, atol=1e-7)
+    assert len(scanned) < len(unrolled)  # per-layer entries became stacked ones
+    for path, x in scanned.items():
+        if path[0] == "layers":  # ("layers", *rest) [L, ...] vs ("layers", i, *rest)
+            want = np.stack([unrolled[("layers", i, *path[1:])] for i in range(2)])
+        else:
+            want = unrolled[path]
+        np.testing.assert_allclose(x, want, rtol=1e-4, atol=1e-7, err_msg=str(path))
+
+
 def test_data_order_epochs_and_history():
     """Each epoch visits every prompt once in a (seed, epoch)-fixed order; a batch that
     crosses the boundary starts an epoch (history folds pending outcomes in)."""

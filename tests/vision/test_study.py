@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from sera_jax import config_files
@@ -123,3 +124,41 @@ def test_imagenet_config_on_mock_data(tmp_path, mode):
     else:
         assert len(res["rows"]) == 2 * 2 * 2 * 2
         assert all(-1 <= r["cosine"] <= 1 for r in res["rows"])
+
+
+def test_two_stage_method_end_to_end(tmp_path):
+    """sera_sequential (pilot, then allocation per draw) and sera_posterior in measure mode
+    at tiny size; refused by train mode before any work."""
+    c = _config("digits")
+    assert {"sera_posterior", "sera_sequential"} <= set(c.measure.methods)  # the default
+    c.batch_size = c.measure.batch_size = 16
+    c.model.width, c.model.stage_sizes = 4, (1,)
+    c.measure.stage_steps, c.measure.stage_names = (0,), ("init",)
+    c.measure.budgets = (2, 4)
+    c.measure.methods = ("uniform", "sera", "sera_posterior", "sera_sequential")
+    c.measure.num_draws, c.measure.unroll, c.measure.cot_chunk = 3, 2, 5
+    res = study.run(c, str(tmp_path / "m"))
+    rows = res["rows"]
+    assert len(rows) == 2 * 4 * 3  # budgets x methods x draws
+    assert all(-1 <= r["cosine"] <= 1 and -1 <= r["cosine_expected"] <= 1 for r in rows)
+    by = {(r["stage"], r["budget"], r["method"], r["draw"]): r for r in rows}
+    for d in range(3):
+        # N0 = n_min = pilot: every image gets exactly its 2 pilot rollouts, the first two
+        # rollouts uniform draws with the same key -- identical gradients, and E[c_q] over
+        # the pilot is then κ(p, 2) (uniform's).
+        seq, uni = by[("init", 2, "sera_sequential", d)], by[("init", 2, "uniform", d)]
+        assert seq["cosine"] == uni["cosine"]
+        assert seq["kappa_mean"] == pytest.approx(uni["kappa_mean"], rel=1e-6)
+        assert seq["cosine_expected"] == pytest.approx(uni["cosine_expected"], abs=1e-5)
+    assert np.isfinite([r["kappa_mean"] for r in rows]).all()
+    table = {(r["stage"], r["budget"], r["method"]): r for r in res["table"]}
+    assert "diff_vs_sera" in table[("init", 4, "sera_sequential")]
+    assert "Rules beyond the paper vs SERA" in res["summary"]
+    assert "sera_sequential | Δ vs SERA" in res["summary"]
+
+    c.mode, c.train.method = "train", "sera_sequential"
+    from sera_jax.studies.common import StudyError
+
+    with pytest.raises(StudyError, match="in-step pilot"):
+        study.run(c, str(tmp_path / "t"))
+    assert not (tmp_path / "t").exists()

