@@ -299,8 +299,7 @@ def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
             t_step = time.perf_counter()
             state, metrics = program.step(state, step)
             if metrics.get("finite", 1.0) != 1.0:
-                ckpt.wait_until_finished()  # the message names a committed checkpoint
-                last = ckpt.latest_step()
+                last = ckpt.latest_step()  # waits for an in-flight write: a committed step
                 where = (f"the last good checkpoint is {os.path.join(ckpt.directory, str(last))}"
                          if last is not None else "there is no checkpoint yet")
                 raise NonFiniteError(

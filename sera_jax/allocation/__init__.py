@@ -66,30 +66,7 @@ Layout, one layer per module (each imports only the ones above it):
 
 from sera_jax.allocation._engine import _core  # noqa: F401  (used by the tests)
 from sera_jax.allocation._waterline import _A_MAX, _A_MIN  # noqa: F401  (used by the tests)
-from sera_jax.allocation.api import (
-    ALLOCATOR_OPTIONS,
-    ALLOCATORS,
-    Allocation,
-    allocate,
-    check_options,
-    get_allocator,
-    hit_utility,
-    inverse_p,
-    knapsack,
-    uniform,
-    waterline,
-)
 
-__all__ = [
-    "ALLOCATORS",
-    "ALLOCATOR_OPTIONS",
-    "Allocation",
-    "allocate",
-    "check_options",
-    "get_allocator",
-    "hit_utility",
-    "inverse_p",
-    "knapsack",
-    "uniform",
-    "waterline",
-]
+# The public API and its one `__all__` live in api.py.
+from sera_jax.allocation.api import *  # noqa: F403
+from sera_jax.allocation.api import __all__  # noqa: F401

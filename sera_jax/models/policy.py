@@ -29,10 +29,7 @@ def load_policy(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None
     """
     m = cfg
     overrides = {f: dtype_from_name(m[f], f"model.{f}") for f in ("param_dtype", "dtype")}
-    scan = m.get("scan_layers", False)
-    if not isinstance(scan, bool):
-        raise ValueError(f"config.model.scan_layers={scan!r}; use True or False")
-    overrides["scan_layers"] = scan
+    overrides["scan_layers"] = bool(m.get("scan_layers", False))  # ml_collections: a bool
     rules = tuple(shd.LOGICAL_RULES.items())
     if m.source == "embedded":
         try:

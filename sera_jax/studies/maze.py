@@ -102,10 +102,7 @@ def build_model(cfg: ml_collections.ConfigDict) -> Decoder:
     the layer layout `cfg.model.scan_layers` (stacked layers run by one scan)."""
     overrides = dict(cfg.model.get("overrides", {}) or {})
     overrides["dtype"] = dtype_from_name(cfg.model.get("dtype", "float32"), "model.dtype")
-    scan = cfg.model.get("scan_layers", False)
-    if not isinstance(scan, bool):
-        raise common.StudyError(f"config.model.scan_layers={scan!r}; use True or False")
-    overrides["scan_layers"] = scan
+    overrides["scan_layers"] = bool(cfg.model.get("scan_layers", False))  # ml_collections: a bool
     dcfg = get_model_config(cfg.model.preset, **overrides)
     if dcfg.vocab_size != maze_lib.VOCAB_SIZE:
         raise common.StudyError(f"config.model: vocab_size={dcfg.vocab_size}; the maze "

@@ -483,14 +483,19 @@ def test_accelerator_smoke_script_runs_at_tiny_size():
     assert result["budget"] == 8 and result["step_s"] > 0 and result["sample_tokens_per_s"] > 0
 
 
-@pytest.mark.slow
-def test_regime_map_at_tiny_size(pipeline, tmp_path):
-    cfg, work, _, _, _ = pipeline
-    os.symlink(os.path.join(work, "sft"), tmp_path / "sft")
+def _regime_config(pipeline, tmp_path, **regime) -> study.ml_collections.ConfigDict:
+    """The tiny config with a `regime` section, in `tmp_path` sharing the pipeline's SFT."""
+    os.symlink(os.path.join(pipeline[1], "sft"), tmp_path / "sft")
     rcfg = load_config("tiny")
     rcfg.regime = study.ml_collections.ConfigDict(dict(
-        prompts_per_step="1,2", rollouts_per_prompt="8,16", n_max_factor=2, n_max_cap=32,
-        methods="uniform,sera", seeds="0"))
+        n_max_factor=2, methods="uniform,sera", seeds="0", **regime))
+    return rcfg
+
+
+@pytest.mark.slow
+def test_regime_map_at_tiny_size(pipeline, tmp_path):
+    rcfg = _regime_config(pipeline, tmp_path, prompts_per_step="1,2",
+                          rollouts_per_prompt="8,16", n_max_cap=32)
     out = study.run(rcfg, str(tmp_path), "regime")
     assert len(out["cells"]) == 4
     assert os.path.getsize(tmp_path / "results" / "regime_map.png") > 0
@@ -499,12 +504,8 @@ def test_regime_map_at_tiny_size(pipeline, tmp_path):
 
 @pytest.mark.slow
 def test_regime_theta_axis_varies_theta_for_sera_only_and_shares_uniform(pipeline, tmp_path):
-    _, work, _, _, _ = pipeline
-    os.symlink(os.path.join(work, "sft"), tmp_path / "sft")
-    rcfg = load_config("tiny")
-    rcfg.regime = study.ml_collections.ConfigDict(dict(
-        prompts_per_step="2", rollouts_per_prompt="4", n_max_factor=2, n_max_cap=6,
-        methods="uniform,sera", seeds="0", thresholds="0.05,0.6", output="theta_sweep"))
+    rcfg = _regime_config(pipeline, tmp_path, prompts_per_step="2", rollouts_per_prompt="4",
+                          n_max_cap=6, thresholds="0.05,0.6", output="theta_sweep")
     bad = study.ml_collections.ConfigDict(rcfg.to_dict())
     bad.regime.thresholds = "0.05,1.5"
     with pytest.raises(common.StudyError, match="regime.thresholds"):
