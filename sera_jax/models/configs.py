@@ -17,6 +17,9 @@ from sera_jax.models.decoder import DecoderConfig
 #: Dtype names a config may give for compute (`model.dtype`), parameters and KV caches.
 #: float16 is left out on purpose: without loss scaling its range overflows in training.
 DTYPE_NAMES = ("float32", "bfloat16")
+#: Values of a config's `kv_cache_dtype` field and what the error message says about them.
+CACHE_DTYPE_NAMES = ("",) + DTYPE_NAMES
+CACHE_DTYPE_HELP = f"'' (the model's compute dtype) or one of {DTYPE_NAMES}"
 
 
 def dtype_from_name(name: str, field: str = "dtype") -> Any:

@@ -17,7 +17,7 @@ from ml_collections.config_dict import placeholder
 from sera_jax import methods as methods_lib
 from sera_jax.estimators import AGGREGATIONS
 from sera_jax.loop import trim_fields
-from sera_jax.models.configs import DTYPE_NAMES
+from sera_jax.models.configs import CACHE_DTYPE_HELP, CACHE_DTYPE_NAMES
 
 UNSEEN_POLICIES = ("fill", "fallback")
 
@@ -78,6 +78,17 @@ def get_config() -> ml_collections.ConfigDict:
     c.optimizer.grad_clip = 1.0
     # Gradient accumulation: rows per micro-batch (static); 0 = the whole budget at once.
     c.micro_batch_size = 0
+    # Micro-batches whose rows all have w_r A_r = 0 are always skipped (they add exactly 0).
+    # True: order the batch so the rows with w_r A_r != 0 fill the first micro-batches, and
+    # the rest (all-fail / all-success groups) is skipped; the gradient is the same up to
+    # float summation order. Needs micro_batch_size < P*N0 to skip anything but whole steps.
+    c.skip_zero_advantage = False
+    # Completion width of the train step: 0 = the task's max_new_tokens (one static shape);
+    # N > 0 = the step's longest completion rounded up to a multiple of N (capped at
+    # max_new_tokens): fewer positions when completions stop early, one compiled train step
+    # per distinct width (at most ceil(max_new_tokens / N)). The cut positions are padding
+    # after every row's last token, so the loss is unchanged up to float rounding.
+    c.train_length_bucket = 0
 
     # Sampling (sera_jax.sampling.SamplingConfig); lengths come from the task.
     c.sampling = ml_collections.ConfigDict()
@@ -115,7 +126,8 @@ def get_config() -> ml_collections.ConfigDict:
 FINGERPRINT_OMIT = ("async_checkpoint",)
 #: Fields left out of fingerprints while at these defaults: they were added after runs were
 #: started, and at the default they change nothing, so those runs keep their fingerprints.
-FINGERPRINT_DEFAULTS = {"sampling.kv_cache_dtype": ""}
+FINGERPRINT_DEFAULTS = {"sampling.kv_cache_dtype": "", "skip_zero_advantage": False,
+                        "train_length_bucket": 0}
 
 
 def fingerprint(config: ml_collections.ConfigDict) -> dict:
@@ -211,6 +223,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
            c.loss_norm_length, "an integer >= 0")
     _check(isinstance(c.get("shuffle_rewards", False), bool), "shuffle_rewards",
            c.get("shuffle_rewards"), "True or False")
+    _check(isinstance(c.get("skip_zero_advantage", False), bool), "skip_zero_advantage",
+           c.get("skip_zero_advantage"), "True or False")
+    _check(_int(c.get("train_length_bucket", 0)) and c.get("train_length_bucket", 0) >= 0,
+           "train_length_bucket", c.get("train_length_bucket"),
+           "an integer >= 0 (0 = the static max_new_tokens width)")
     h = c.history
     _check(_number(h.alpha) and h.alpha > 0, "history.alpha", h.alpha, "a finite number > 0")
     _check(_number(h.beta) and h.beta > 0, "history.beta", h.beta, "a finite number > 0")
@@ -236,8 +253,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check(_number(s.top_p) and 0 < s.top_p <= 1, "sampling.top_p", s.top_p, "(0, 1]")
     _check(_int(s.top_k) and s.top_k >= 0, "sampling.top_k", s.top_k, ">= 0 (0 = off)")
     kv = s.get("kv_cache_dtype", "")
-    _check(kv in ("",) + DTYPE_NAMES, "sampling.kv_cache_dtype", kv,
-           f"'' (the model's compute dtype) or one of {DTYPE_NAMES}")
+    _check(kv in CACHE_DTYPE_NAMES, "sampling.kv_cache_dtype", kv, CACHE_DTYPE_HELP)
     validate_mesh(c.mesh)
     _check(_int(c.checkpoint_every) and c.checkpoint_every >= 0, "checkpoint_every",
            c.checkpoint_every, ">= 0 (0 = off)")

@@ -18,7 +18,9 @@ ratio 1, no KL, no entropy bonus):
    multiplicity correction);
 7. loss (`estimators.policy_gradient_loss`, the chosen aggregation, normalisers of the whole
    batch so micro-batch losses add up exactly), gradients accumulated over static
-   micro-batches with `lax.scan` (bounded memory), one AdamW update (global-norm clip);
+   micro-batches (bounded memory) by a loop that visits only the micro-batches holding a
+   row with w_r A_r != 0 (the others add exactly 0; `skip_zero_advantage` packs the live
+   rows into the first micro-batches), one AdamW update (global-norm clip);
 8. `history.update_from_rollouts` (pending until the next epoch), metrics.
 
 The trainable state is an explicit pytree (`TrainState`: params, optimiser state, history,
@@ -94,6 +96,22 @@ def _split_micro(x: jax.Array, num_micro: int, mesh: Mesh) -> jax.Array:
     x = jnp.swapaxes(x, 0, 1)
     spec = PartitionSpec(None, shd.BATCH_AXES, *([None] * (x.ndim - 2)))
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def pack_live_rows(coefficients: np.ndarray, num_micro: int) -> np.ndarray:
+    """Row order that fills the trainer's micro-batches with the live rows (c_r != 0) first.
+
+    `order[i]` = the rollout placed at batch position i. Micro-batch m holds positions
+    i with i % M == m (`_split_micro`), so the live rows, in their original order, go to
+    the positions of micro-batch 0, then 1, ...; the rows with c_r = 0 fill the rest, and
+    micro-batches holding only those are skipped by the train step. Gradient unchanged up
+    to the order of float summation (which rows share a micro-batch).
+    """
+    b = coefficients.shape[0]
+    slots = np.arange(b).reshape(b // num_micro, num_micro).T.ravel()  # micro-batch-major
+    order = np.empty(b, np.int64)
+    order[slots] = np.argsort(coefficients == 0, kind="stable")
+    return order
 
 
 def rollout_loss(
@@ -265,18 +283,22 @@ class Trainer:
         def gradients(params, batch: RolloutBatch):
             # Whole-batch token count: micro-batch token-mean losses then add up exactly.
             num_tokens = jnp.sum(batch.completion_mask, dtype=jnp.float32)
-            if num_micro == 1:
-                return grad_fn(params, batch, num_tokens)
-            micro = jax.tree.map(lambda x: _split_micro(x, num_micro, mesh), batch)
+            micro = (jax.tree.map(lambda x: x[None], batch) if num_micro == 1 else
+                     jax.tree.map(lambda x: _split_micro(x, num_micro, mesh), batch))
+            # Every loss term is c_r = w_r A_r times a log-probability, so a micro-batch whose
+            # c_r are all 0 adds exactly 0 to the loss and the gradient: the loop visits only
+            # the live micro-batches (a dynamic trip count; no recompile, no per-skip copy).
+            live = jnp.any(micro.advantages * micro.weights != 0, axis=1)  # [M]
+            order = jnp.argsort(~live, stable=True)  # live micro-batches first, in order
 
-            def body(carry, mb):
+            def body(i, carry):
                 loss, grads = carry
+                mb = jax.tree.map(lambda x: x[order[i]], micro)
                 micro_loss, g = grad_fn(params, mb, num_tokens)
-                return (loss + micro_loss, jax.tree.map(jnp.add, grads, g)), None
+                return loss + micro_loss, jax.tree.map(jnp.add, grads, g)
 
-            zeros = jax.tree.map(jnp.zeros_like, params)
-            (loss, grads), _ = jax.lax.scan(body, (jnp.float32(0), zeros), micro)
-            return loss, grads
+            zeros = (jnp.float32(0), jax.tree.map(jnp.zeros_like, params))
+            return jax.lax.fori_loop(0, jnp.sum(live), body, zeros)
 
         def train_step(params, opt_state, batch: RolloutBatch):
             loss, grads = gradients(params, batch)
@@ -372,10 +394,37 @@ class Trainer:
         return rollouts, history, key
 
     def device_batch(self, rollouts: Rollouts) -> RolloutBatch:
-        """The rollouts as a `RolloutBatch` of global arrays on the batch sharding."""
-        return RolloutBatch(*shd.shard_batch(
-            (rollouts.prompt_tokens, rollouts.prompt_mask, rollouts.completion_tokens,
-             rollouts.completion_mask, rollouts.advantages, rollouts.weights), self.mesh))
+        """The rollouts as a `RolloutBatch` of global arrays on the batch sharding: the
+        completions cut to `train_width`; with `config.skip_zero_advantage` in
+        `pack_live_rows` order (the loss is a sum over rows)."""
+        r = rollouts
+        width = self.train_width(r)
+        fields = (r.prompt_tokens, r.prompt_mask, r.completion_tokens[:, :width],
+                  r.completion_mask[:, :width], r.advantages, r.weights)
+        if self.config.get("skip_zero_advantage", False):
+            order = pack_live_rows(r.advantages * r.weights, self.budget // self.micro)
+            fields = tuple(x[order] for x in fields)
+        return RolloutBatch(*shd.shard_batch(fields, self.mesh))
+
+    def train_width(self, rollouts: Rollouts) -> int:
+        """Completion positions the train step sees: max_new_tokens, or with
+        `config.train_length_bucket` = N the longest completion rounded up to a multiple of
+        N (at most max_new_tokens). Positions past every row's last token are padding, which
+        no earlier position attends to, so cutting them leaves the loss unchanged."""
+        full = rollouts.completion_tokens.shape[1]
+        bucket = int(self.config.get("train_length_bucket", 0))
+        if not bucket:
+            return full
+        return min(full, max(1, -(-int(rollouts.lengths.max()) // bucket)) * bucket)
+
+    def trained_micro_batches(self, rollouts: Rollouts) -> int:
+        """How many of the step's micro-batches the train step computes (the others hold
+        only rows with c_r = w_r A_r = 0 and are skipped)."""
+        num_micro = self.budget // self.micro
+        live = rollouts.advantages * rollouts.weights != 0
+        if self.config.get("skip_zero_advantage", False):
+            return -(-int(live.sum()) // self.micro)
+        return int(live.reshape(self.micro, num_micro).any(axis=0).sum())
 
     def step(self, state: TrainState, *, return_rollouts: bool = False):
         """One on-policy step (see the module docstring).
@@ -437,6 +486,11 @@ class Trainer:
             "kappa_mean": kappa_mean,
             "generated_tokens": float(lengths.sum()),
             "truncated_fraction": float(truncated.mean()),
+            # Rows whose loss coefficient w_r A_r is non-zero (all-fail / all-success groups
+            # have A = 0 under MaxRL and GRPO): the share of the batch that moves the policy.
+            "live_row_fraction": float(np.mean(r.advantages * r.weights != 0)),
+            "trained_micro_batches": float(self.trained_micro_batches(r)),
+            "train_width": float(self.train_width(r)),
         }
 
 
@@ -461,6 +515,8 @@ class RLProgram:
 
 #: Fingerprint fields (under the run's `rl.`) that a resumed RL run may change: how long and
 #: how often, never what (the learning rate is constant, so a longer run continues exactly).
+#: `rl.async_checkpoint` is also left out of `config.fingerprint`; it stays listed for
+#: fingerprints that embed the raw config (a study's `to_dict()` of a block).
 RESUMABLE = ("rl.num_steps", "rl.log_every", "rl.checkpoint_every", "rl.max_checkpoints_to_keep",
              "rl.multihost", "rl.async_checkpoint")
 

@@ -35,7 +35,7 @@ from absl import logging
 from sera_jax import loop
 from sera_jax import sharding as shd
 from sera_jax.checkpoint import Checkpointer
-from sera_jax.models.configs import DTYPE_NAMES
+from sera_jax.models.configs import CACHE_DTYPE_HELP, CACHE_DTYPE_NAMES, DTYPE_NAMES
 from sera_jax.models.decoder import Decoder
 from sera_jax.models.policy import MODEL_SOURCES, load_policy
 from sera_jax.records import log_timing, read_json, read_jsonl, write_json
@@ -134,8 +134,8 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str]) -> None:
     c(isinstance(e.top_k, int) and e.top_k >= 0, "eval.top_k", e.top_k, ">= 0")
     c(isinstance(e.max_new_tokens, int) and e.max_new_tokens >= 0, "eval.max_new_tokens",
       e.max_new_tokens, ">= 0 (0 = the task's)")
-    c(e.get("kv_cache_dtype", "") in ("",) + DTYPE_NAMES, "eval.kv_cache_dtype",
-      e.get("kv_cache_dtype"), f"'' (the model's compute dtype) or one of {DTYPE_NAMES}")
+    c(e.get("kv_cache_dtype", "") in CACHE_DTYPE_NAMES, "eval.kv_cache_dtype",
+      e.get("kv_cache_dtype"), CACHE_DTYPE_HELP)
 
 
 # ----------------------------------------------------------------------------- evaluation

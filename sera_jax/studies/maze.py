@@ -51,7 +51,12 @@ from sera_jax import methods as methods_lib
 from sera_jax import sft as sft_lib
 from sera_jax import sharding as shd
 from sera_jax.metrics import analytic_pass_at_k, pass_at_k_curve
-from sera_jax.models.configs import DTYPE_NAMES, dtype_from_name
+from sera_jax.models.configs import (
+    CACHE_DTYPE_HELP,
+    CACHE_DTYPE_NAMES,
+    DTYPE_NAMES,
+    dtype_from_name,
+)
 from sera_jax.models.configs import get_config as get_model_config
 from sera_jax.models.decoder import Decoder
 from sera_jax.records import (
@@ -239,8 +244,8 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequ
     c(isinstance(e.temperature, int | float) and np.isfinite(e.temperature) and
       e.temperature > 0, "eval.temperature", e.temperature, "a finite number > 0")
     c(isinstance(e.seed, int), "eval.seed", e.seed, "an integer")
-    c(e.get("kv_cache_dtype", "") in ("",) + DTYPE_NAMES, "eval.kv_cache_dtype",
-      e.get("kv_cache_dtype"), f"'' (the model's compute dtype) or one of {DTYPE_NAMES}")
+    c(e.get("kv_cache_dtype", "") in CACHE_DTYPE_NAMES, "eval.kv_cache_dtype",
+      e.get("kv_cache_dtype"), CACHE_DTYPE_HELP)
     c(isinstance(e.noise_seed, int) and e.noise_seed != e.seed, "eval.noise_seed",
       e.noise_seed, f"an integer other than eval.seed={e.seed} (the second key set)")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -196,6 +198,72 @@ def test_scanned_layers_gradients_equal_unrolled():
         else:
             want = unrolled[path]
         np.testing.assert_allclose(x, want, rtol=1e-4, atol=1e-7, err_msg=str(path))
+
+
+def test_pack_live_rows_fills_the_first_micro_batches():
+    """Live rows (c_r != 0), in order, take micro-batch 0's strided positions, then 1's."""
+    coef = np.array([0, 1.5, 0, 0, -2, 0, 0, 3], np.float32)  # live rows 1, 4, 7
+    order = trainer_lib.pack_live_rows(coef, num_micro=4)  # 2 rows per micro-batch
+    assert sorted(order.tolist()) == list(range(8))
+    micro = [order[m::4].tolist() for m in range(4)]  # micro-batch m = positions i % 4 == m
+    assert micro[0] == [1, 4] and micro[1][0] == 7
+    assert all(coef[i] == 0 for i in micro[1][1:] + micro[2] + micro[3])
+
+
+def test_skip_zero_advantage_same_gradient_fewer_micro_batches():
+    """`skip_zero_advantage`: the packed batch gives the unpacked gradient and loss; the
+    train step loops over the micro-batches holding a live row only (a dynamic trip count
+    in the compiled program), and an all-zero batch gives loss 0, gradient 0."""
+    task = EmitTask()
+    model = tiny_model(seed=1)
+    plain = trainer_lib.Trainer(small_config(micro_batch_size=2), task, model,
+                                one_device_mesh())
+    state = with_history(plain.init_state(model), np.linspace(0.05, 0.95, 12))
+    r, _, _ = plain.collect(state)
+    live = r.advantages * r.weights != 0
+    assert 0 < live.sum() < len(live) - 2, "the test needs live and zero rows"
+    packed = trainer_lib.Trainer(small_config(micro_batch_size=2, skip_zero_advantage=True),
+                                 task, model, one_device_mesh())
+    loss_a, grads_a = plain.gradients(state.params, plain.device_batch(r))
+    loss_b, grads_b = packed.gradients(state.params, packed.device_batch(r))
+    np.testing.assert_allclose(float(loss_b), float(loss_a), rtol=1e-5, atol=1e-7)
+    for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-7)
+    assert packed.trained_micro_batches(r) == -(-int(live.sum()) // 2)
+    assert packed.trained_micro_batches(r) < plain.trained_micro_batches(r) <= 8
+    hlo = packed.gradients.lower(state.params, packed.device_batch(r)).as_text()
+    assert "stablehlo.while" in hlo  # the loop over the live micro-batches
+
+    dead = dataclasses.replace(r, advantages=np.zeros_like(r.advantages))
+    loss0, grads0 = packed.gradients(state.params, packed.device_batch(dead))
+    assert float(loss0) == 0 and all(not np.asarray(g).any() for g in jax.tree.leaves(grads0))
+    assert packed.trained_micro_batches(dead) == plain.trained_micro_batches(dead) == 0
+
+
+def test_train_length_bucket_cuts_padding_only():
+    """`train_length_bucket`: the train step sees the longest completion rounded up to the
+    bucket (never past max_new_tokens), and the loss and gradient are those of the full width."""
+    task = EmitTask()
+    model = tiny_model(seed=1)
+    full = trainer_lib.Trainer(small_config(), task, model, one_device_mesh())
+    cut = trainer_lib.Trainer(small_config(train_length_bucket=2), task, model,
+                              one_device_mesh())
+    state = with_history(full.init_state(model), np.linspace(0.05, 0.95, 12))
+    r, _, _ = full.collect(state)
+    tokens = r.completion_tokens.copy()
+    tokens[:, 1:] = task.pad_id
+    short = dataclasses.replace(r, lengths=np.minimum(r.lengths, 1), completion_tokens=tokens)
+    assert full.train_width(short) == task.max_new_tokens and cut.train_width(short) == 2
+    assert cut.train_width(r) == min(task.max_new_tokens, -(-int(r.lengths.max()) // 2) * 2)
+    assert cut.device_batch(short).completion_tokens.shape[1] == 2
+    loss_a, grads_a = full.gradients(state.params, full.device_batch(short))
+    loss_b, grads_b = cut.gradients(state.params, cut.device_batch(short))
+    assert float(loss_a) != 0
+    np.testing.assert_allclose(float(loss_b), float(loss_a), rtol=1e-5, atol=1e-7)
+    for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-7)
+    with pytest.raises(ValueError, match="train_length_bucket"):
+        config_lib.validate(small_config(train_length_bucket=-1))
 
 
 def test_data_order_epochs_and_history():
