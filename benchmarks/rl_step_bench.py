@@ -105,7 +105,8 @@ _VARIANTS = flags.DEFINE_list(
     "variants", ["plain", "packed"],
     "plain: the rows in the trainer's order; packed: rl.skip_zero_advantage (rows with "
     "w·A = 0 packed into the last micro-batches). Both sides skip every micro-batch whose "
-    "rows all have w·A = 0, so they always do the same work.")
+    "rows all have w·A = 0 by the same rule (each side samples its own rollouts, so the "
+    "number of live rows differs between them; see the live / trained rows columns).")
 _ORDER = flags.DEFINE_enum(
     "order", "grouped", ["grouped", "interleaved"],
     "Timed steps: grouped = each side's steps back to back; interleaved = one step of every "
@@ -447,7 +448,8 @@ def logprob_check(setup: Setup, rollouts: Rollouts, hf: Any, rows: int = 4) -> f
 def train_phase_check(jax_side: JaxStep, torch_side: TorchStep, repeats: int
                       ) -> tuple[float, float]:
     """Median process-CPU seconds of the train phase of both sides on one identical batch
-    (the sera_jax side's last rollouts) with every row live (advantages ±1 alternating):
+    (the sera_jax side's last rollouts, both cut to the sera_jax train width) with every
+    row live (advantages ±1 alternating):
     the engines' forward + backward + clip + AdamW on equal work, whatever each side's own
     samples happened to reward. (sera_jax s, PyTorch s)."""
     import jax
@@ -457,6 +459,7 @@ def train_phase_check(jax_side: JaxStep, torch_side: TorchStep, repeats: int
     live = dataclasses.replace(r, advantages=np.where(np.arange(len(r.lengths)) % 2, -1.0,
                                                       1.0).astype(np.float32))
     as_torch = lambda x: torch.from_numpy(np.array(x))  # noqa: E731  (a writable copy)
+    width = jax_side.trainer.train_width(live)  # the completion positions both sides train
     ours, theirs = [], []
     for _ in range(repeats):
         cpu, st = time.process_time(), jax_side.state
@@ -469,8 +472,8 @@ def train_phase_check(jax_side: JaxStep, torch_side: TorchStep, repeats: int
         ours.append(time.process_time() - cpu)
         cpu = time.process_time()
         torch_side.train(as_torch(live.prompt_tokens).long(), as_torch(live.prompt_mask),
-                         as_torch(live.completion_tokens).long(),
-                         as_torch(live.completion_mask), as_torch(live.advantages))
+                         as_torch(live.completion_tokens[:, :width]).long(),
+                         as_torch(live.completion_mask[:, :width]), as_torch(live.advantages))
         theirs.append(time.process_time() - cpu)
     return _median(ours), _median(theirs)
 
@@ -542,8 +545,8 @@ def table(rows: dict[str, dict[str, float]], baselines: dict[str, str]) -> str:
 
 def run_task(setup: Setup, frameworks: set[str], methods: list[str], repeats: int,
              peak_cpu: float, seed: int, variants: list[str]) -> str:
-    """Build both sides of every variant, run the first steps then `repeats` interleaved
-    timed steps; return the markdown section of this task."""
+    """Build both sides of every variant, run the first steps then `repeats` timed steps
+    per side (in `--order`); return the markdown section of this task."""
     load_before = machine()["load"]
     runners: list[Any] = []
     baselines: dict[str, str] = {}

@@ -283,11 +283,17 @@ class Trainer:
         def gradients(params, batch: RolloutBatch):
             # Whole-batch token count: micro-batch token-mean losses then add up exactly.
             num_tokens = jnp.sum(batch.completion_mask, dtype=jnp.float32)
-            micro = (jax.tree.map(lambda x: x[None], batch) if num_micro == 1 else
-                     jax.tree.map(lambda x: _split_micro(x, num_micro, mesh), batch))
+            zeros = (jnp.float32(0), jax.tree.map(jnp.zeros_like, params))
             # Every loss term is c_r = w_r A_r times a log-probability, so a micro-batch whose
-            # c_r are all 0 adds exactly 0 to the loss and the gradient: the loop visits only
-            # the live micro-batches (a dynamic trip count; no recompile, no per-skip copy).
+            # c_r are all 0 adds exactly 0 to the loss and the gradient (unless its
+            # log-probabilities are not finite: then the skip hides what would have tripped
+            # the finite guard): only the live micro-batches are computed.
+            if num_micro == 1:
+                return jax.lax.cond(jnp.any(batch.advantages * batch.weights != 0),
+                                    lambda: grad_fn(params, batch, num_tokens), lambda: zeros)
+            micro = jax.tree.map(lambda x: _split_micro(x, num_micro, mesh), batch)
+            # A loop over the live micro-batches: a dynamic trip count (one compiled program
+            # for any number of them), so not reverse-differentiable (nothing needs that).
             live = jnp.any(micro.advantages * micro.weights != 0, axis=1)  # [M]
             order = jnp.argsort(~live, stable=True)  # live micro-batches first, in order
 
@@ -297,7 +303,6 @@ class Trainer:
                 micro_loss, g = grad_fn(params, mb, num_tokens)
                 return loss + micro_loss, jax.tree.map(jnp.add, grads, g)
 
-            zeros = (jnp.float32(0), jax.tree.map(jnp.zeros_like, params))
             return jax.lax.fori_loop(0, jnp.sum(live), body, zeros)
 
         def train_step(params, opt_state, batch: RolloutBatch):

@@ -66,11 +66,14 @@ def test_shard_batch_rows_and_to_host():
         shd.shard_batch(np.zeros((6, 2)), mesh)
 
 
-def test_sharded_step_equals_single_device_step():
+@pytest.mark.parametrize("options", [{}, {"skip_zero_advantage": True,
+                                          "train_length_bucket": 2}])
+def test_sharded_step_equals_single_device_step(options):
     """Two trainer steps on a data=2, fsdp=2, tensor=2 mesh equal the 1-device steps: same
     allocation and samples, parameters to float32 reduction-order tolerance, and the
-    caller's model is left intact (params are copied before the donating train step)."""
-    config = small_config()
+    caller's model is left intact (params are copied before the donating train step);
+    also with the live rows packed and the completions cut to a length bucket."""
+    config = small_config(**options)
     task = EmitTask()
     p_hat = np.linspace(0.05, 0.95, 12)
     results = []
@@ -83,8 +86,10 @@ def test_sharded_step_equals_single_device_step():
         state = with_history(trainer.init_state(model), p_hat)
         rollouts = []
         for _ in range(2):
-            state, _, r = trainer.step(state, return_rollouts=True)
+            state, metrics, r = trainer.step(state, return_rollouts=True)
             rollouts.append(r)
+            assert metrics["trained_micro_batches"] == trainer.trained_micro_batches(r)
+            assert metrics["train_width"] == trainer.train_width(r)
         assert not any(x.is_deleted() for x in jax.tree.leaves(nnx.state(model)))
         leaf = jax.tree.leaves(state.params)[0]
         results.append((jax.tree.map(np.asarray, state.params), rollouts, leaf.sharding))

@@ -235,9 +235,23 @@ def test_skip_zero_advantage_same_gradient_fewer_micro_batches():
     assert "stablehlo.while" in hlo  # the loop over the live micro-batches
 
     dead = dataclasses.replace(r, advantages=np.zeros_like(r.advantages))
-    loss0, grads0 = packed.gradients(state.params, packed.device_batch(dead))
-    assert float(loss0) == 0 and all(not np.asarray(g).any() for g in jax.tree.leaves(grads0))
-    assert packed.trained_micro_batches(dead) == plain.trained_micro_batches(dead) == 0
+    whole = trainer_lib.Trainer(small_config(micro_batch_size=0), task, model,
+                                one_device_mesh())  # one micro-batch: a conditional
+    for trainer in (packed, whole):
+        loss0, grads0 = trainer.gradients(state.params, trainer.device_batch(dead))
+        assert float(loss0) == 0
+        assert all(not np.asarray(g).any() for g in jax.tree.leaves(grads0))
+        assert trainer.trained_micro_batches(dead) == 0
+    loss_c, grads_c = whole.gradients(state.params, whole.device_batch(r))
+    np.testing.assert_allclose(float(loss_c), float(loss_a), rtol=1e-5, atol=1e-7)
+    for a, c in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_c)):
+        np.testing.assert_allclose(np.asarray(c), np.asarray(a), rtol=1e-4, atol=1e-7)
+
+    # Both options stay out of fingerprints at their defaults (earlier runs keep theirs).
+    fp = config_lib.fingerprint(small_config())
+    assert "skip_zero_advantage" not in fp and "train_length_bucket" not in fp
+    fp = config_lib.fingerprint(small_config(skip_zero_advantage=True, train_length_bucket=8))
+    assert fp["skip_zero_advantage"] is True and fp["train_length_bucket"] == 8
 
 
 def test_train_length_bucket_cuts_padding_only():
