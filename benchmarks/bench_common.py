@@ -7,7 +7,8 @@
   (`save_hf_checkpoint` -> `AutoModelForCausalLM.from_pretrained`);
 - `hf_sample`: `generate` with the benchmarks' conventions (plain sampling at T = 1);
 - `machine`, `cpu_name`, `load_text`: cores, load average and CPU model, for the record;
-- `timed` / `median_timed`: wall and process-CPU seconds of a call.
+- `timed` / `median_timed`: wall and process-CPU seconds of a call;
+- `write_report`: print a result and write it to the `--out` path when one is given.
 
 Imported by the benchmark scripts next to it (run as `python benchmarks/<name>.py`, which
 puts this directory on `sys.path`). torch and transformers are imported lazily.
@@ -158,3 +159,11 @@ def median_timed(fn, repeats: int) -> tuple[float, float]:
     """(median wall s, median process CPU s) of `fn()` over `repeats` calls."""
     runs = [timed(fn)[1:] for _ in range(repeats)]
     return (statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs))
+
+
+def write_report(text: str, path: str = "") -> None:
+    """Print `text`; also write it to `path` (a benchmark's `--out`) unless that is ''."""
+    print(text, flush=True)
+    if path:
+        with open(path, "w") as f:
+            f.write(text if text.endswith("\n") else text + "\n")

@@ -31,7 +31,7 @@ import functools
 import statistics
 
 from absl import app, flags
-from bench_common import cpu_name, load_text, timed
+from bench_common import cpu_name, load_text, timed, write_report
 
 _PRESET = flags.DEFINE_string("preset", "smollm2_135m", "sera_jax.models.configs preset.")
 _LAYERS = flags.DEFINE_integer("num_layers", 0, "Override the preset's layer count (0: keep).")
@@ -193,11 +193,7 @@ def main(argv):
     total_s = sum(c["scanned"][0] for _, c, _, _ in rows)
     lines.append(f"| all four | {total_u:.2f} | {total_s:.2f} | {total_s / total_u:.2f} | | | "
                  "| |")
-    text = "\n".join(lines)
-    print(text)
-    if _OUT.value:
-        with open(_OUT.value, "w") as f:
-            f.write(text + "\n")
+    write_report("\n".join(lines), _OUT.value)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,7 @@ from bench_common import (
     sampler_flops,
     torch_threads,
     train_flops,
+    write_report,
 )
 
 if TYPE_CHECKING:
@@ -698,10 +699,7 @@ def main(argv: list[str]) -> None:
         print(sections[-1], flush=True)
     report = " ".join(header) + f" Load average at the end {machine()['load']}.\n\n" \
         + "".join(sections)
-    print(report)
-    if _OUT.value:
-        with open(_OUT.value, "w") as f:
-            f.write(report)
+    write_report(report, _OUT.value)
 
 
 if __name__ == "__main__":

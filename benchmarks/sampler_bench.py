@@ -35,7 +35,14 @@ import statistics
 import time
 
 from absl import app, flags
-from bench_common import hf_model, hf_sample, matmul_peak_flops, sampler_flops, torch_threads
+from bench_common import (
+    hf_model,
+    hf_sample,
+    matmul_peak_flops,
+    sampler_flops,
+    torch_threads,
+    write_report,
+)
 
 _BATCH = flags.DEFINE_list(
     "batch", ["8", "64", "8x8"],
@@ -156,10 +163,7 @@ def main(argv):
         f"GFLOP per CPU-second ({peak / 1e9:.1f} GFLOP/s wall). '% of peak' = useful FLOPs "
         "(module docstring) per CPU-second / that peak.\n"
     )
-    print(table)
-    if _OUT.value:
-        with open(_OUT.value, "w") as f:
-            f.write(table)
+    write_report(table, _OUT.value)
 
 
 if __name__ == "__main__":

@@ -257,8 +257,7 @@ def sample_rollouts(key: jax.Array, logits: jax.Array, counts: jax.Array, budget
     """`(segment_ids, labels)` of the B = `budget` rollouts: image q gets counts[q] labels,
     its rollouts 0..counts[q]−1 (`rollout_labels`)."""
     segment_ids = estimators.segment_ids_from_counts(counts, budget)
-    counts = jnp.asarray(counts)
-    ranks = jnp.arange(budget) - (jnp.cumsum(counts) - counts)[segment_ids]
+    ranks = estimators.ranks_in_segments(counts, segment_ids)
     return segment_ids, rollout_labels(key, logits, segment_ids, ranks)
 
 
@@ -299,13 +298,13 @@ def maxrl_logit_cotangent(key: jax.Array, logits: jax.Array, labels: jax.Array,
     """
     num_prompts = logits.shape[0]
     budget = num_prompts * n0
-    segment_ids, rollout_labels = sample_rollouts(key, logits, counts, budget)
-    rewards = (rollout_labels == labels[segment_ids]).astype(jnp.float32)
+    segment_ids, sampled = sample_rollouts(key, logits, counts, budget)
+    rewards = (sampled == labels[segment_ids]).astype(jnp.float32)
     adv = estimators.maxrl(rewards, segment_ids, num_prompts)
     w = estimators.rollout_weights(weights, segment_ids)
 
     def loss(z):
-        lp = jax.nn.log_softmax(z, axis=-1)[segment_ids, rollout_labels]
+        lp = jax.nn.log_softmax(z, axis=-1)[segment_ids, sampled]
         return estimators.policy_gradient_loss(
             lp[:, None], jnp.ones((budget, 1), bool), adv, w, aggregation="sequence_mean",
             num_prompts=num_prompts, n0=n0)

@@ -103,6 +103,14 @@ def _check_2d_with_mask(name: str, x: jax.Array, mask_name: str, mask: jax.Array
 # ----------------------------------------------------------------------------- segment ids
 
 
+def ranks_in_segments(counts: jax.Array, segment_ids: jax.Array) -> jax.Array:
+    """Index of each rollout within its prompt's group: rank[r] = r − Σ_{q < seg[r]} N_q
+    (int32 [B]), for the contiguous layout of `segment_ids_from_counts`."""
+    counts = jnp.asarray(counts)
+    start = jnp.cumsum(counts) - counts
+    return (jnp.arange(segment_ids.shape[0]) - start[segment_ids]).astype(jnp.int32)
+
+
 def segment_ids_from_counts(counts: jax.Array, total: int) -> jax.Array:
     """Prompt index of each rollout: `repeat(arange(P), counts)`, static length `total`.
 

@@ -310,8 +310,7 @@ def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation) -
         counts = alloc.counts
         pw = method.prompt_weights(counts, alloc.weights)
         seg = estimators.segment_ids_from_counts(counts, budget)
-        start = jnp.cumsum(counts) - counts
-        rank = jnp.arange(budget, dtype=jnp.int32) - start[seg]
+        rank = estimators.ranks_in_segments(counts, seg)
         answers, rewards = draw(seg, rank)
         adv = est(rewards, seg, num_p)
         w = estimators.rollout_weights(pw, seg)

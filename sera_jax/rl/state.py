@@ -76,6 +76,11 @@ class Rollouts:
     score_time: float = 0.0
 
     @property
+    def live(self) -> np.ndarray:
+        """bool [B]: rows whose loss coefficient w_r A_r is non-zero (the rest add 0)."""
+        return self.advantages * self.weights != 0
+
+    @property
     def completion_mask(self) -> np.ndarray:
         """bool [B, T]: generated tokens (stop token included)."""
         return np.arange(self.completion_tokens.shape[1])[None, :] < self.lengths[:, None]

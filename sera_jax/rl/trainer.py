@@ -98,8 +98,16 @@ def _split_micro(x: jax.Array, num_micro: int, mesh: Mesh) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
-def pack_live_rows(coefficients: np.ndarray, num_micro: int) -> np.ndarray:
-    """Row order that fills the trainer's micro-batches with the live rows (c_r != 0) first.
+def _live_micro(batch: RolloutBatch, num_micro: int) -> jax.Array:
+    """bool [M]: micro-batch m (rows r with r % M == m, `_split_micro`) holds a row with
+    w_r A_r != 0."""
+    live = batch.advantages * batch.weights != 0
+    return jnp.any(live.reshape(-1, num_micro), axis=0)
+
+
+def pack_live_rows(live: np.ndarray, num_micro: int) -> np.ndarray:
+    """Row order that fills the trainer's micro-batches with the `live` rows (bool [B],
+    c_r = w_r A_r != 0) first.
 
     `order[i]` = the rollout placed at batch position i. Micro-batch m holds positions
     i with i % M == m (`_split_micro`), so the live rows, in their original order, go to
@@ -107,10 +115,10 @@ def pack_live_rows(coefficients: np.ndarray, num_micro: int) -> np.ndarray:
     micro-batches holding only those are skipped by the train step. Gradient unchanged up
     to the order of float summation (which rows share a micro-batch).
     """
-    b = coefficients.shape[0]
+    b = len(live)
     slots = np.arange(b).reshape(b // num_micro, num_micro).T.ravel()  # micro-batch-major
     order = np.empty(b, np.int64)
-    order[slots] = np.argsort(coefficients == 0, kind="stable")
+    order[slots] = np.argsort(~np.asarray(live, bool), kind="stable")
     return order
 
 
@@ -289,12 +297,12 @@ class Trainer:
             # log-probabilities are not finite: then the skip hides what would have tripped
             # the finite guard): only the live micro-batches are computed.
             if num_micro == 1:
-                return jax.lax.cond(jnp.any(batch.advantages * batch.weights != 0),
+                return jax.lax.cond(_live_micro(batch, 1)[0],
                                     lambda: grad_fn(params, batch, num_tokens), lambda: zeros)
             micro = jax.tree.map(lambda x: _split_micro(x, num_micro, mesh), batch)
             # A loop over the live micro-batches: a dynamic trip count (one compiled program
             # for any number of them), so not reverse-differentiable (nothing needs that).
-            live = jnp.any(micro.advantages * micro.weights != 0, axis=1)  # [M]
+            live = _live_micro(batch, num_micro)
             order = jnp.argsort(~live, stable=True)  # live micro-batches first, in order
 
             def body(i, carry):
@@ -307,7 +315,11 @@ class Trainer:
 
         def train_step(params, opt_state, batch: RolloutBatch):
             loss, grads = gradients(params, batch)
-            return guarded_update(tx, params, opt_state, loss, grads)
+            params, opt_state, metrics = guarded_update(tx, params, opt_state, loss, grads)
+            # Counted where the skip happens (the host's `trained_micro_batches` predicts it).
+            metrics["trained_micro_batches"] = jnp.sum(_live_micro(batch, num_micro),
+                                                       dtype=jnp.float32)
+            return params, opt_state, metrics
 
         rows = lambda ndim: shd.batch_sharding(mesh, ndim)  # noqa: E731
         batch_shardings = RolloutBatch(rows(2), rows(2), rows(2), rows(2), rows(1), rows(1))
@@ -407,7 +419,7 @@ class Trainer:
         fields = (r.prompt_tokens, r.prompt_mask, r.completion_tokens[:, :width],
                   r.completion_mask[:, :width], r.advantages, r.weights)
         if self.config.get("skip_zero_advantage", False):
-            order = pack_live_rows(r.advantages * r.weights, self.budget // self.micro)
+            order = pack_live_rows(r.live, self.budget // self.micro)
             fields = tuple(x[order] for x in fields)
         return RolloutBatch(*shd.shard_batch(fields, self.mesh))
 
@@ -426,7 +438,7 @@ class Trainer:
         """How many of the step's micro-batches the train step computes (the others hold
         only rows with c_r = w_r A_r = 0 and are skipped)."""
         num_micro = self.budget // self.micro
-        live = rollouts.advantages * rollouts.weights != 0
+        live = rollouts.live
         if self.config.get("skip_zero_advantage", False):
             return -(-int(live.sum()) // self.micro)
         return int(live.reshape(self.micro, num_micro).any(axis=0).sum())
@@ -493,8 +505,7 @@ class Trainer:
             "truncated_fraction": float(truncated.mean()),
             # Rows whose loss coefficient w_r A_r is non-zero (all-fail / all-success groups
             # have A = 0 under MaxRL and GRPO): the share of the batch that moves the policy.
-            "live_row_fraction": float(np.mean(r.advantages * r.weights != 0)),
-            "trained_micro_batches": float(self.trained_micro_batches(r)),
+            "live_row_fraction": float(np.mean(r.live)),
             "train_width": float(self.train_width(r)),
         }
 

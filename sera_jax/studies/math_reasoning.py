@@ -294,8 +294,7 @@ def stage_eval_after(cfg, workdir: str, method: str, model: Decoder, task: MathT
                      record["maj_at_n"])
         return record
 
-    fingerprint = {**rl_fingerprint(cfg, rl),
-                   "eval": loop.trim_fields(cfg.eval.to_dict(), defaults=EVAL_DEFAULTS)}
+    fingerprint = {**rl_fingerprint(cfg, rl), "eval": eval_fingerprint(cfg)["eval"]}
     return common.cached_json(os.path.join(workdir, "eval", f"{method}.json"), fingerprint,
                               compute)
 
