@@ -33,6 +33,7 @@ batch-sharded cache).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 
@@ -41,7 +42,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
+from sera_jax import sharding as shd
 from sera_jax.estimators import segment_ids_from_counts
 from sera_jax.models.configs import DTYPE_NAMES
 from sera_jax.models.decoder import KVCache, init_cache, map_row_chunks, positions_from_mask
@@ -338,6 +341,76 @@ def generate_with_cache(
                          f"{config.cache_dtype!r} (make it with init_cache(cfg, ..., dtype))")
     return _run(model, prompt_tokens, prompt_mask, key, config, row_keys, segment_ids,
                 cache=cache)
+
+
+def distinct_prompt_chunk(row_prompt: np.ndarray, multiple: int = 1
+                          ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The distinct prompts of one chunk of rows, for `generate(..., segment_ids=)`.
+
+    Returns `(prompt_index [U], segment_ids [R])` with `row_prompt == prompt_index[segment_ids]`:
+    U = the number of distinct ids rounded up to a power of two and then to a multiple of
+    `multiple` (the batch shards), padded with repeats of the last id (a repeat is prefilled
+    but read by no row), so that the compiled shape changes rarely as the distinct count
+    moves. None when U would not be smaller than R (prefilling the rows themselves is then
+    no more work).
+    """
+    row_prompt = np.asarray(row_prompt)
+    distinct = np.unique(row_prompt)
+    size = 1 << max(0, int(distinct.size) - 1).bit_length()
+    size = -(-size // multiple) * multiple
+    if size >= row_prompt.size:
+        return None
+    index = np.concatenate([distinct, np.full(size - distinct.size, distinct[-1])])
+    return index, np.searchsorted(distinct, row_prompt).astype(np.int32)
+
+
+def generate_rows(
+    model: nnx.Module,
+    prompt_tokens: np.ndarray,
+    prompt_mask: np.ndarray,
+    row_prompt: np.ndarray,
+    row_keys: jax.Array,
+    config: SamplingConfig,
+    *,
+    rows_per_call: int,
+    mesh: Mesh | None = None,
+) -> SampleOutput:
+    """Sample one completion per row r of prompt `row_prompt[r]`, on the host side of a run.
+
+    `prompt_tokens` / `prompt_mask`: host [P, W] left-padded prompts; `row_prompt`: int [B]
+    in [0, P); `row_keys`: [B] keys (row r's sample depends on its key and prompt only, not
+    on the chunking). Rows go through `generate` `rows_per_call` at a time (a multiple of
+    the mesh's batch shards; the last chunk is filled by wrapping around and the extras are
+    dropped), and each chunk prefills its *distinct* prompts once (`distinct_prompt_chunk`),
+    the N rollouts of a prompt sharing its KV cache, instead of prefilling every row. With a
+    mesh, rows and prompts are put on its batch sharding and the decoder runs under it.
+    Returns a `SampleOutput` of host NumPy arrays with B rows.
+    """
+    row_prompt = np.asarray(row_prompt)
+    total = row_prompt.shape[0]
+    multiple = shd.batch_divisor(mesh) if mesh is not None else 1
+    if rows_per_call < 1 or rows_per_call % multiple:
+        raise ValueError(f"rows_per_call={rows_per_call} must be a positive multiple of the "
+                         f"{multiple} batch shards")
+    place = (lambda tree: shd.shard_batch(tree, mesh)) if mesh is not None else (  # noqa: E731
+        lambda tree: jax.tree.map(jnp.asarray, tree))
+    outs = []
+    for start in range(0, total, rows_per_call):
+        sel = np.arange(start, start + rows_per_call) % total
+        chunk = distinct_prompt_chunk(row_prompt[sel], multiple)
+        if chunk is None:
+            toks, mask = place((prompt_tokens[row_prompt[sel]], prompt_mask[row_prompt[sel]]))
+            segment_ids = None
+        else:
+            index, local = chunk
+            toks, mask = place((prompt_tokens[index], prompt_mask[index]))
+            segment_ids = place(local)
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+            out = generate(model, toks, mask, None, config, row_keys=row_keys[sel],
+                           segment_ids=segment_ids)
+        keep = min(rows_per_call, total - start)
+        outs.append(jax.tree.map(lambda x, keep=keep: shd.to_host(x)[:keep], out))
+    return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *outs)
 
 
 def _run(model, prompt_tokens, prompt_mask, key, config, row_keys, segment_ids, cache):

@@ -363,6 +363,56 @@ def test_segment_ids_prefill_each_prompt_once(model):
         generate(model, tokens, mask, None, SAMPLED, row_keys=row_keys, segment_ids=seg + 2)
 
 
+def test_distinct_prompt_chunk():
+    """The chunk's distinct prompts, padded to a power of two (then a multiple of the
+    shards) with repeats; the local ids map every row back to its prompt."""
+    rows = np.array([3, 3, 3, 7, 7, 9, 9, 9, 9, 12, 12, 12, 12, 12, 12, 12])
+    index, local = sampling.distinct_prompt_chunk(rows)
+    assert index.tolist() == [3, 7, 9, 12]
+    np.testing.assert_array_equal(index[local], rows)
+    index, local = sampling.distinct_prompt_chunk(rows[:9])  # 3 distinct -> 4 slots
+    assert index.tolist() == [3, 7, 9, 9] and local.dtype == np.int32
+    np.testing.assert_array_equal(index[local], rows[:9])
+    index, _ = sampling.distinct_prompt_chunk(rows, multiple=8)
+    assert index.shape == (8,) and set(index.tolist()) == {3, 7, 9, 12}
+    # As many slots as rows: the rows are prefilled themselves.
+    assert sampling.distinct_prompt_chunk(np.array([0, 1, 2, 2])) is None
+    assert sampling.distinct_prompt_chunk(rows, multiple=16) is None
+
+
+@pytest.mark.parametrize("rows_per_call", [12, 5])
+def test_generate_rows_prefills_distinct_prompts_per_chunk(model, monkeypatch, rows_per_call):
+    """`generate_rows` gives every row the tokens of sampling its expanded prompt row with
+    its key, for any chunking (the last chunk wraps), while each call prefills only the
+    chunk's distinct prompts (4 for 12 rows in one call; 2-4 for 5 rows)."""
+    tokens, mask = _batch()
+    row_prompt = np.repeat(np.arange(4), 3)
+    row_keys = jax.random.split(jax.random.key(7), 12)
+    want = generate(model, tokens[row_prompt], mask[row_prompt], None, SAMPLED,
+                    row_keys=row_keys)
+    prefilled = []
+    real = sampling.generate
+
+    def spy(model, toks, *args, **kwargs):
+        prefilled.append((toks.shape[0], kwargs.get("segment_ids") is not None))
+        return real(model, toks, *args, **kwargs)
+
+    monkeypatch.setattr(sampling, "generate", spy)
+    got = sampling.generate_rows(model, np.asarray(tokens), np.asarray(mask), row_prompt,
+                                 row_keys, SAMPLED, rows_per_call=rows_per_call)
+    assert isinstance(got.tokens, np.ndarray) and got.tokens.shape == (12, 6)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+    np.testing.assert_array_equal(got.lengths, want.lengths)
+    if rows_per_call == 12:
+        assert prefilled == [(4, True)]
+    else:  # rows 0-4, 5-9, 10-14 (wrapping to rows 0-2): 2, 3 (4 slots) and 2 prompts
+        assert prefilled == [(2, True), (4, True), (2, True)]
+    with pytest.raises(ValueError, match="rows_per_call=0"):
+        sampling.generate_rows(model, np.asarray(tokens), np.asarray(mask), row_prompt,
+                               row_keys, SAMPLED, rows_per_call=0)
+
+
 def test_scanned_layers_sample_the_same_tokens(model, monkeypatch):
     """A scan_layers copy of the model (stacked [B, L, ...] KV cache) samples the same tokens
     with the same keys, through chunked prefill, segment ids, growing decode phases and a

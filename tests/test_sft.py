@@ -149,7 +149,7 @@ def test_huge_learning_rate_stops_with_the_last_finite_checkpoint(task, tmp_path
     NaN; the checkpoint it names restores to finite parameters."""
     c = small_config(num_steps=6, checkpoint_every=1, learning_rate=1e20, warmup_steps=0,
                      max_checkpoints_to_keep=1)
-    with pytest.raises(loop.NonFiniteError, match="was not applied"):
+    with pytest.raises(loop.NonFiniteError, match="was not applied|is not saved"):
         sft.train(program(task, c), str(tmp_path))
     fresh = tiny_model(7)
     step = sft.load_final_params(fresh, c, str(tmp_path))

@@ -30,7 +30,7 @@ from jax.sharding import Mesh
 
 from sera_jax import sharding as shd
 from sera_jax.metrics import pass_at_k_curve
-from sera_jax.sampling import SamplingConfig, generate, left_pad
+from sera_jax.sampling import SamplingConfig, generate_rows, left_pad
 from sera_jax.tasks.base import RLTask
 
 
@@ -120,20 +120,11 @@ def evaluate(
     row_key_index = ids[row_prompt].astype(np.int64) * n + np.tile(np.arange(n), ids.size)
     width = shd.round_up_to_shards(min(batch_size, total), mesh)
 
-    tokens, lengths, truncated = [], [], []
-    for start in range(0, total, width):
-        sel = np.arange(start, start + width) % total  # last chunk: wrap, drop the extras
-        keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(
-            jnp.asarray(row_key_index[sel] % (2**32), jnp.uint32))
-        toks, mask = prompts[row_prompt[sel]], pmask[row_prompt[sel]]
-        if mesh is not None:
-            toks, mask = shd.shard_batch((toks, mask), mesh)
-        out = generate(model, toks, mask, None, sampling, row_keys=keys)
-        keep = min(width, total - start)
-        tokens.append(shd.to_host(out.tokens)[:keep])
-        lengths.append(shd.to_host(out.lengths)[:keep])
-        truncated.append(shd.to_host(out.truncated)[:keep])
-    tokens, lengths, truncated = (np.concatenate(x) for x in (tokens, lengths, truncated))
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(
+        jnp.asarray(row_key_index % (2**32), jnp.uint32))
+    out = generate_rows(model, prompts, pmask, row_prompt, keys, sampling, rows_per_call=width,
+                        mesh=mesh)
+    tokens, lengths, truncated = out.tokens, out.lengths, out.truncated
 
     completions = [tokens[j, : lengths[j]] for j in range(total)]
     row_ids = ids[row_prompt].tolist()

@@ -11,8 +11,9 @@ ratio 1, no KL, no entropy bonus):
    (counts N_q summing to B, multiplicity weights w_q = N0/N_q, 0 for inactive prompts);
 4. flat rollout batch: prompt q repeated N_q times (`sampling.expand_prompts`), B rows,
    `segment_ids[r]` = prompt of row r; static shapes whatever the counts;
-5. sample (`sampling.generate`, jit, batch-sharded rows, `sampling.batch_size` rows per call)
-   and score every completion with the task verifier (host);
+5. sample (`sampling.generate_rows`: jit, batch-sharded rows, `sampling.batch_size` rows per
+   call, each call prefilling its distinct prompts once for all their rollouts) and score
+   every completion with the task verifier (host);
 6. ragged advantages (`estimators.ADVANTAGE_ESTIMATORS[config.estimator]`, MaxRL by
    default), per-rollout weights (`estimators.rollout_weights`, or 1 without the
    multiplicity correction);
@@ -62,7 +63,14 @@ from sera_jax.models.decoder import token_logprobs
 from sera_jax.rl import config as config_lib
 from sera_jax.rl.data import epoch_permutation, next_prompt_ids
 from sera_jax.rl.state import RolloutBatch, Rollouts, TrainState
-from sera_jax.sampling import SamplingConfig, default_row_keys, expand_prompts, generate, left_pad
+from sera_jax.sampling import (
+    SampleOutput,
+    SamplingConfig,
+    default_row_keys,
+    expand_prompts,
+    generate_rows,
+    left_pad,
+)
 from sera_jax.scaling import kappa
 from sera_jax.tasks.base import RLTask
 
@@ -338,22 +346,14 @@ class Trainer:
 
     # --------------------------------------------------------------- one step
 
-    def sample(self, state: TrainState, prompt_tokens: np.ndarray, prompt_mask: np.ndarray,
-               key: jax.Array):
-        """Sample completions for `[B, W]` host prompt rows, `sampling.batch_size` rows per
-        call; row r uses key `fold_in(key, r)` however the rows are chunked."""
-        model = self.model(state)
-        keys = default_row_keys(key, prompt_tokens.shape[0])
-        outs = []
-        for start in range(0, prompt_tokens.shape[0], self.sample_rows):
-            sl = slice(start, start + self.sample_rows)
-            toks, mask = shd.shard_batch((prompt_tokens[sl], prompt_mask[sl]), self.mesh)
-            # Under the mesh context the decoder pins activations to the batch sharding.
-            with jax.set_mesh(self.mesh):
-                outs.append(generate(model, toks, mask, None, self.sampling, row_keys=keys[sl]))
-        if len(outs) == 1:
-            return outs[0]
-        return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *outs)
+    def sample(self, state: TrainState, prompts: np.ndarray, prompt_mask: np.ndarray,
+               segment_ids: np.ndarray, key: jax.Array) -> SampleOutput:
+        """Sample one completion per row r of prompt `segment_ids[r]` (host [P, W] prompts),
+        `sampling.batch_size` rows per call, each call prefilling its distinct prompts once;
+        row r uses key `fold_in(key, r)` however the rows are chunked. Host arrays."""
+        keys = default_row_keys(key, segment_ids.shape[0])
+        return generate_rows(self.model(state), prompts, prompt_mask, segment_ids, keys,
+                             self.sampling, rows_per_call=self.sample_rows, mesh=self.mesh)
 
     def collect(self, state: TrainState) -> tuple[Rollouts, history_lib.SuccessHistory, Any]:
         """Steps 1-6 of the module docstring: choose prompts, allocate, sample, score and
@@ -383,9 +383,8 @@ class Trainer:
         key = jax.random.wrap_key_data(jnp.asarray(shd.to_host(state.key)))
         key, sample_key = jax.random.split(key)
         t_sample = time.perf_counter()
-        out = self.sample(state, rows, rows_mask, sample_key)
-        tokens, lengths, truncated = (shd.to_host(x) for x in (out.tokens, out.lengths,
-                                                           out.truncated))
+        out = self.sample(state, prompts, pmask, segment_ids, sample_key)
+        tokens, lengths, truncated = out.tokens, out.lengths, out.truncated
         t_sample = time.perf_counter() - t_sample
 
         t_score = time.perf_counter()

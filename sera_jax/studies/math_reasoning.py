@@ -42,7 +42,7 @@ from sera_jax.records import log_timing, read_json, read_jsonl, write_json
 from sera_jax.rl import config as rl_config
 from sera_jax.rl import evaluate as eval_lib
 from sera_jax.rl import trainer as trainer_lib
-from sera_jax.sampling import SamplingConfig, generate, left_pad
+from sera_jax.sampling import SamplingConfig, generate_rows, left_pad
 from sera_jax.studies import common
 from sera_jax.tasks.mathqa.task import MathTask, task_from_config
 
@@ -182,31 +182,34 @@ def evaluate_policy(model: Decoder, task: MathTask, cfg: ml_collections.ConfigDi
     if examples:  # what the policy writes: one sample of each of the first problems
         width = min(batch, ids.size * int(e.num_samples))
         record["examples"] = sample_examples(model, task, ids[:examples], sampling,
-                                             int(e.seed) + 1, width, mesh)
+                                             int(e.seed) + 1, width, mesh,
+                                             samples_per_prompt=int(e.num_samples))
     return record
 
 
 def sample_examples(model: Decoder, task: MathTask, ids: Sequence[int],
                     sampling: SamplingConfig, seed: int, width: int,
-                    mesh: jax.sharding.Mesh | None) -> list[dict[str, Any]]:
+                    mesh: jax.sharding.Mesh | None, samples_per_prompt: int = 1
+                    ) -> list[dict[str, Any]]:
     """One decoded completion (with its reward) per prompt id, for the report.
 
-    The rows are tiled to `width` (the evaluation's sampler width) so the compiled sampler
-    of the evaluation is reused instead of compiling another shape.
+    The rows repeat each id `samples_per_prompt` times up to `width` rows, the layout of an
+    evaluation chunk of that many samples per prompt, so the evaluation's compiled sampler
+    (same rows, same number of distinct prompts) is reused instead of compiling another.
     """
     ids = [int(i) for i in ids]
     if not ids:
         return []
-    rows = [ids[r % len(ids)] for r in range(width)]
-    toks, mask = left_pad(task.prompt_tokens("eval", rows), task.max_prompt_len, task.pad_id)
+    n = max(1, min(int(samples_per_prompt), width // len(ids)))
+    row_prompt = (np.arange(width) // n) % len(ids)
+    toks, mask = left_pad(task.prompt_tokens("eval", ids), task.max_prompt_len, task.pad_id)
     key = jax.random.key(seed)
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jax.numpy.arange(width,
                                                                          dtype=jax.numpy.uint32))
-    if mesh is not None:
-        toks, mask = shd.shard_batch((toks, mask), mesh)
-    out = generate(model, toks, mask, None, sampling, row_keys=keys)
-    tokens, lengths, truncated = (shd.to_host(x)[: len(ids)] for x in (out.tokens, out.lengths,
-                                                                      out.truncated))
+    out = generate_rows(model, toks, mask, row_prompt, keys, sampling, rows_per_call=width,
+                        mesh=mesh)
+    first = np.arange(len(ids)) * n  # the first row of each id
+    tokens, lengths, truncated = out.tokens[first], out.lengths[first], out.truncated[first]
     comps = [tokens[i, : lengths[i]] for i in range(len(ids))]
     rewards = task.score("eval", ids, comps, truncated)
     problems = task.problems("eval")
