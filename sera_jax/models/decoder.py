@@ -302,16 +302,23 @@ def _attend(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array) -
     The normalisation is applied to the output (T x Dh values) instead of the probabilities
     (T x S): one pass less over the largest array.
     """
-    if q.dtype != jnp.float32 and jax.default_backend() == "cpu":
+    dtype = q.dtype
+    upcast = dtype != jnp.float32 and jax.default_backend() == "cpu"
+    if upcast:
         # XLA:CPU has no batched bf16 x bf16 -> f32 dot ("Unsupported element type for
-        # DotThunk", jax 0.10): upcast there (same float32 accumulation; no bf16 speed to lose).
+        # DotThunk", jax 0.10): upcast the bf16 operands there (exact, and the same float32
+        # accumulation; no bf16 speed to lose).
         q, keys, values = (x.astype(jnp.float32) for x in (q, keys, values))
     scores = jnp.einsum("btkgd,bkds->bkgts", q, keys, preferred_element_type=jnp.float32)
     scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
     weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
     total = jnp.sum(weights, axis=-1)  # [B, Hkv, G, T]
-    out = jnp.einsum("bkgts,bksd->btkgd", weights.astype(q.dtype), values,
-                     preferred_element_type=jnp.float32)
+    # The probabilities are rounded to the compute dtype as on an accelerator, so the CPU's
+    # bf16 numerics match the bf16 program's, upcast or not.
+    weights = weights.astype(dtype)
+    if upcast:
+        weights = weights.astype(jnp.float32)
+    out = jnp.einsum("bkgts,bksd->btkgd", weights, values, preferred_element_type=jnp.float32)
     return out / jnp.transpose(total, (0, 3, 1, 2))[..., None]
 
 
@@ -760,6 +767,15 @@ def count_params(model: nnx.Module) -> int:
     return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
+def stacked_layer_path(cfg: DecoderConfig, path: tuple) -> tuple[tuple, int | None]:
+    """(path in `nnx.state(model)`, index into its leading axis or None) of the per-layer
+    path `("layers", i, *rest)` / `(name, ...)`: with `cfg.scan_layers`, layer i's
+    parameter is row i of the stacked `("layers", *rest)` one."""
+    if cfg.scan_layers and path[0] == "layers":
+        return ("layers", *path[2:]), path[1]
+    return path, None
+
+
 def convert_layout(model: Decoder, scan_layers: bool) -> Decoder:
     """A `Decoder` with `model`'s weights in the layer layout `scan_layers` (`model` itself
     when it has that layout already).
@@ -777,13 +793,13 @@ def convert_layout(model: Decoder, scan_layers: bool) -> Decoder:
     source = dict(nnx.to_flat_state(nnx.state(model)))
     state = nnx.state(target)
     for path, var in nnx.to_flat_state(state):
-        if path[0] != "layers":
-            value = source[path].get_value()
-        elif scan_layers:  # path = ("layers", *rest)
+        if scan_layers and path[0] == "layers":  # path = ("layers", *rest)
             value = jnp.stack([source[("layers", i, *path[1:])].get_value()
                                for i in range(cfg.num_layers)])
-        else:  # path = ("layers", i, *rest)
-            value = source[("layers", *path[2:])].get_value()[path[1]]
+        else:  # a shared parameter, or layer i's row of the scanned source
+            at, layer = stacked_layer_path(cfg, path)
+            value = source[at].get_value()
+            value = value if layer is None else value[layer]
         var.set_value(value)
     nnx.update(target, state)
     return target

@@ -46,7 +46,7 @@ from safetensors.numpy import save_file
 
 from sera_jax import sharding as shd
 from sera_jax.models.configs import from_hf_config, to_hf_config
-from sera_jax.models.decoder import Decoder, DecoderConfig
+from sera_jax.models.decoder import Decoder, DecoderConfig, stacked_layer_path
 
 Rules = Mapping[str, Any] | Sequence[tuple[str, Any]]
 
@@ -79,7 +79,7 @@ _GGUF_BLOCK_TO_HF = {
 
 def _param_table(cfg: DecoderConfig) -> list[tuple[str, tuple, Callable, Callable]]:
     """(hf_name, our_path, hf->ours, ours->hf) for every parameter of `cfg`; `our_path` is
-    the unrolled-layout path (`("layers", i, ...)`; `_stacked_path` maps it to the
+    the unrolled-layout path (`("layers", i, ...)`; `decoder.stacked_layer_path` maps it to the
     `scan_layers` one)."""
     d, h, hkv, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
     ident = (lambda w: w, lambda w: w)
@@ -128,15 +128,6 @@ def _param_table(cfg: DecoderConfig) -> list[tuple[str, tuple, Callable, Callabl
         table.sort(key=lambda row: (-1, 0) if row[1][0] != "layers" else (
             kinds[row[1][2:]], row[1][1]))
     return table
-
-
-def _stacked_path(cfg: DecoderConfig, path: tuple) -> tuple[tuple, int | None]:
-    """(path in `nnx.state(model)`, layer index into its leading axis or None) of a
-    `_param_table` path `("layers", i, ...)` / `(name, ...)`: with `scan_layers`, layer i's
-    parameter is row i of the stacked `("layers", ...)` one."""
-    if cfg.scan_layers and path[0] == "layers":
-        return ("layers", *path[2:]), path[1]
-    return path, None
 
 
 # Tensors a checkpoint may carry that this decoder does not use.
@@ -225,7 +216,7 @@ def _build(
     target = _np_dtype(cfg.param_dtype)
     stacks: dict[tuple, tuple[np.ndarray, set]] = {}  # stacked path -> (buffer, layers in)
     for table_path, host, tensor in tensors:
-        path, layer = _stacked_path(cfg, table_path)
+        path, layer = stacked_layer_path(cfg, table_path)
         var = flat[path]
         expected = tuple(var.get_value().shape)
         expected = expected if layer is None else expected[1:]
@@ -473,7 +464,7 @@ def save_hf_checkpoint(
     host: dict[tuple, np.ndarray] = {}  # one transfer per (stacked) parameter
 
     def ours_on_host(table_path):
-        path, layer = _stacked_path(cfg, table_path)
+        path, layer = stacked_layer_path(cfg, table_path)
         if path not in host:
             host[path] = np.asarray(flat[path].get_value())
         return host[path] if layer is None else host[path][layer]

@@ -589,3 +589,25 @@ def test_token_logprobs_start_matches_full_forward_reference():
     grads = [nnx.grad(lambda m, f=f: jnp.sum(weights * f(m)))(model) for f in (fast, reference)]
     for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1]), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_bf16_attention_rounds_probabilities_like_the_bf16_program():
+    """bf16 q/k/v: the probabilities are rounded to bf16 before the value product (what the
+    bf16 program does on an accelerator), also on CPU, where the operands are upcast."""
+    rng = np.random.default_rng(0)
+    b, t, hkv, g, dh, s = 2, 3, 1, 2, 8, 5
+    q, k, v = (jnp.asarray(rng.normal(size=shape), jnp.bfloat16) for shape in
+               ((b, t, hkv, g, dh), (b, hkv, dh, s), (b, hkv, s, dh)))
+    mask = jnp.ones((b, t, s), bool)
+    got = np.asarray(decoder_lib._attend(q, k, v, mask))
+    q32, k32, v32 = (np.asarray(x, np.float32) for x in (q, k, v))
+    scores = np.einsum("btkgd,bkds->bkgts", q32, k32)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    total = np.transpose(weights.sum(-1), (0, 3, 1, 2))[..., None]
+
+    def out(w):
+        return np.einsum("bkgts,bksd->btkgd", w, v32) / total
+
+    rounded = np.asarray(jnp.asarray(weights, jnp.bfloat16), np.float32)
+    np.testing.assert_allclose(got, out(rounded), rtol=1e-5, atol=1e-6)
+    assert np.abs(got - out(weights)).max() > 1e-4  # the rounding is visible
