@@ -63,6 +63,8 @@ math task is skipped (its tokenizer comes from the embedded GGUF).
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -120,6 +122,13 @@ _MAZE_SFT = flags.DEFINE_string(
     "maze_sft_dir", "", "Optional: the sft/ directory of a maze study run of "
     "configs/maze/cpu.py (e.g. workdir/maze_cpu/sft): start from its SFT policy (the model "
     "of the config) instead of random MAZE_POLICY weights, so groups have mixed outcomes.")
+_ISOLATE = flags.DEFINE_bool(
+    "isolate_sides", False, "Run each framework's sides in a process of its own (this script "
+    "with --frameworks=jax, then =torch, sequentially, same flags and CPU affinity) and merge "
+    "their rows into one table: no interference between the frameworks' memory use, but no "
+    "log-prob or equal-work check (those need both in one process).")
+_ROWS_OUT = flags.DEFINE_string("rows_out", "", "Internal (--isolate_sides): write the "
+                                "task's summary rows as JSON there.")
 _OUT = flags.DEFINE_string("out", "", "Optional path: write the markdown report there.")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -560,7 +569,8 @@ def run_task(setup: Setup, frameworks: set[str], methods: list[str], repeats: in
                               if getattr(r, "variant", "") == variant})
     first, notes, checked = {}, [], False
     for runner in runners:
-        if isinstance(runner, TorchStep) and runners[0] is not runner and not checked:
+        if (isinstance(runner, TorchStep) and isinstance(runners[0], JaxStep)
+                and not checked):
             checked = True  # the first PyTorch side, still at the initial weights
             diff = logprob_check(setup, runners[0].rollouts, runner.hf)
             notes.append(f"Completion log-probs at the initial weights, sera_jax vs torch "
@@ -613,19 +623,62 @@ def run_task(setup: Setup, frameworks: set[str], methods: list[str], repeats: in
                 f"every row live, {setup.rl.micro_batch_size or 'all'} rows per micro-batch; "
                 f"median of {max(2, repeats)}): sera_jax {ours:.2f} CPU-s, PyTorch "
                 f"{theirs:.2f} CPU-s = {theirs / ours:.2f}x.")
-        for r in jax_rows:
-            s = rows[r.name]
-            verdict = [f"host overhead {100 * s['host'] / s['wall']:.1f}% of the step "
-                       f"(target <= 10%: {'met' if s['host'] <= 0.1 * s['wall'] else 'NOT met'})"]
-            baseline = baselines.get(r.name)
-            if baseline:
-                sp = rows[baseline]["wall"] / s["wall"]
-                sp_cpu = rows[baseline]["cpu"] / s["cpu"]
-                verdict.insert(0, f"step {sp:.2f}x {baseline} (wall), {sp_cpu:.2f}x (CPU)"
-                               f" (target >= 2x: {'met' if min(sp, sp_cpu) >= 2 else 'NOT met'})")
-            notes.append(f"{r.name}: " + "; ".join(verdict) + ".")
+        notes += verdicts(rows, baselines, [r.name for r in jax_rows])
     text += "".join(f"- {n}\n" for n in notes)
+    if _ROWS_OUT.value:
+        Path(_ROWS_OUT.value).write_text(json.dumps(rows))
     return text + "\n"
+
+
+def verdicts(rows: dict[str, dict[str, float]], baselines: dict[str, str],
+             jax_names: list[str]) -> list[str]:
+    """One line per sera_jax side: its step against its baseline and its host overhead,
+    each against the issue's target (>= 2x; <= 10 %)."""
+    out = []
+    for name in jax_names:
+        s = rows[name]
+        verdict = [f"host overhead {100 * s['host'] / s['wall']:.1f}% of the step "
+                   f"(target <= 10%: {'met' if s['host'] <= 0.1 * s['wall'] else 'NOT met'})"]
+        baseline = baselines.get(name)
+        if baseline in rows:
+            sp = rows[baseline]["wall"] / s["wall"]
+            sp_cpu = rows[baseline]["cpu"] / s["cpu"]
+            verdict.insert(0, f"step {sp:.2f}x {baseline} (wall), {sp_cpu:.2f}x (CPU)"
+                           f" (target >= 2x: {'met' if min(sp, sp_cpu) >= 2 else 'NOT met'})")
+        out.append(f"{name}: " + "; ".join(verdict) + ".")
+    return out
+
+
+def isolated_task(name: str) -> str:
+    """`--isolate_sides`: this script once per framework (sequentially, this process's CPU
+    affinity and flags), each writing its rows; one merged table and the verdicts."""
+    import subprocess
+    import sys
+    import tempfile
+
+    rows: dict[str, dict[str, float]] = {}
+    loads = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for fw in _FRAMEWORKS.value:
+            out = os.path.join(tmp, f"{fw}.json")
+            # absl keeps the last value of a repeated flag: these override the caller's.
+            cmd = [sys.executable, __file__, *sys.argv[1:], f"--tasks={name}",
+                   f"--frameworks={fw}", "--noisolate_sides", f"--rows_out={out}", "--out="]
+            loads.append(machine()["load"])
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode or not os.path.exists(out):
+                return (f"### {name}: the {fw} process failed (exit {done.returncode})\n\n"
+                        f"```\n{done.stderr[-2000:]}\n```\n\n")
+            rows.update(json.loads(Path(out).read_text()))
+    baselines = {}
+    for variant in _VARIANTS.value:
+        torch_name = side_name(TorchStep.base_name, variant)
+        baselines.update({side_name(f"sera_jax {m}", variant): torch_name
+                          for m in _METHODS.value})
+    jax_names = [n for n in rows if n.startswith("sera_jax")]
+    return (f"### {name} (each framework in its own process; load average before each: "
+            f"{', '.join(map(str, loads))})\n\n" + table(rows, baselines) + "\n"
+            + "".join(f"- {n}\n" for n in verdicts(rows, baselines, jax_names)) + "\n")
 
 
 def micro_batch_rows(entries: list[str], task: str) -> int:
@@ -678,6 +731,10 @@ def main(argv: list[str]) -> None:
     print(header[0], flush=True)
     sections = []
     for name in _TASKS.value:
+        if _ISOLATE.value:
+            sections.append(isolated_task(name))
+            print(sections[-1], flush=True)
+            continue
         if name == "maze":
             setup = maze_setup(smoke, _MAZE_MODEL.value, _SEED.value, _MAZE_SFT.value)
         elif name == "math":

@@ -98,6 +98,29 @@ def test_rl_step_bench_torch_side(rl_step_report):
     assert len(diffs) == len(rows) and all(float(d) < 1e-4 for d in diffs), report
 
 
+def test_rl_step_bench_isolated_sides_merge_into_one_table(tmp_path):
+    """--isolate_sides: each framework in its own process, one merged table in which every
+    sera_jax row has its speed-up against the PyTorch row of its variant."""
+    pytest.importorskip("torch", reason="torch is not installed (make hf-deps)")
+    pytest.importorskip("transformers", reason="transformers is not installed (make hf-deps)")
+    out = tmp_path / "report.md"
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if "xla_force_host_platform_device_count" not in f)
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rl_step_bench.py"), "--smoke",
+                    "--isolate_sides", "--tasks=maze", "--methods=uniform", f"--out={out}"],
+                   capture_output=True, text=True, check=True, cwd=ROOT, timeout=600, env=env)
+    report = out.read_text()
+    assert "each framework in its own process" in report
+    for side in ("sera_jax uniform", "sera_jax uniform (packed)"):
+        (task, cells), = _section_rows(report, side).items()
+        assert task.startswith("maze"), report
+        ratios = re.fullmatch(r"([0-9.]+)x / ([0-9.]+)x", cells[-1])
+        assert ratios and min(map(float, ratios.groups())) > 0, report
+    assert _section_rows(report, "PyTorch uniform (packed)"), report
+    assert "x PyTorch uniform (packed) (wall)" in report
+
+
 #: Every part of benchmarks/accelerator_check.py, in table order.
 ACCELERATOR_PARTS = ("device", "sampler_smollm2", "train_smollm2", "sampler_qwen25",
                      "train_qwen25", "maze")

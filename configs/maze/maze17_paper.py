@@ -46,6 +46,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.sampling.temperature = 1.0
     c.rl.sampling.batch_size = 8192  # rows per sampler call (budget 32,768)
     c.rl.micro_batch_size = 2048  # rows per gradient micro-batch
+    # All-fail / all-success groups have A = 0: pack the live rows into the first micro-batches
+    # so the rest is skipped (same gradient up to float summation order; docs/results_speed.md).
+    # rl.train_length_bucket stays 0 (not measured at this scale: with thousands of rollouts
+    # a step's longest one is likely at max_new_tokens, and every width costs a compile).
+    c.rl.skip_zero_advantage = True
     c.rl.checkpoint_every = 100
     c.rl.log_every = 10
 
