@@ -649,9 +649,10 @@ def verdicts(rows: dict[str, dict[str, float]], baselines: dict[str, str],
     return out
 
 
-def isolated_task(name: str) -> str:
-    """`--isolate_sides`: this script once per framework (sequentially, this process's CPU
-    affinity and flags), each writing its rows; one merged table and the verdicts."""
+def isolated_task(name: str, frameworks: set[str]) -> tuple[str, bool]:
+    """`--isolate_sides`: this script once per framework of `frameworks` (jax first;
+    sequentially, with this process's CPU affinity and flags), each writing its rows.
+    Returns (the merged table and the verdicts, whether every process succeeded)."""
     import subprocess
     import sys
     import tempfile
@@ -659,7 +660,7 @@ def isolated_task(name: str) -> str:
     rows: dict[str, dict[str, float]] = {}
     loads = []
     with tempfile.TemporaryDirectory() as tmp:
-        for fw in _FRAMEWORKS.value:
+        for fw in sorted(frameworks):  # "jax" < "torch"
             out = os.path.join(tmp, f"{fw}.json")
             # absl keeps the last value of a repeated flag: these override the caller's.
             cmd = [sys.executable, __file__, *sys.argv[1:], f"--tasks={name}",
@@ -668,7 +669,7 @@ def isolated_task(name: str) -> str:
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode or not os.path.exists(out):
                 return (f"### {name}: the {fw} process failed (exit {done.returncode})\n\n"
-                        f"```\n{done.stderr[-2000:]}\n```\n\n")
+                        f"```\n{done.stderr[-2000:]}\n```\n\n", False)
             rows.update(json.loads(Path(out).read_text()))
     baselines = {}
     for variant in _VARIANTS.value:
@@ -678,7 +679,8 @@ def isolated_task(name: str) -> str:
     jax_names = [n for n in rows if n.startswith("sera_jax")]
     return (f"### {name} (each framework in its own process; load average before each: "
             f"{', '.join(map(str, loads))})\n\n" + table(rows, baselines) + "\n"
-            + "".join(f"- {n}\n" for n in verdicts(rows, baselines, jax_names)) + "\n")
+            + "".join(f"- {n}\n" for n in verdicts(rows, baselines, jax_names)) + "\n",
+            True)
 
 
 def micro_batch_rows(entries: list[str], task: str) -> int:
@@ -729,11 +731,13 @@ def main(argv: list[str]) -> None:
                      f"GFLOP per CPU-second ({peak_wall / 1e9:.1f} GFLOP/s wall); load "
                      f"average at start {m['load']}.")
     print(header[0], flush=True)
-    sections = []
+    sections, failed = [], False
     for name in _TASKS.value:
         if _ISOLATE.value:
-            sections.append(isolated_task(name))
-            print(sections[-1], flush=True)
+            section, ok = isolated_task(name, frameworks)
+            sections.append(section)
+            failed = failed or not ok
+            print(section, flush=True)
             continue
         if name == "maze":
             setup = maze_setup(smoke, _MAZE_MODEL.value, _SEED.value, _MAZE_SFT.value)
@@ -757,6 +761,8 @@ def main(argv: list[str]) -> None:
     report = " ".join(header) + f" Load average at the end {machine()['load']}.\n\n" \
         + "".join(sections)
     write_report(report, _OUT.value)
+    if failed:
+        raise SystemExit("rl_step_bench: a --isolate_sides process failed (its section says why)")
 
 
 if __name__ == "__main__":

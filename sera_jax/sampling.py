@@ -343,21 +343,22 @@ def generate_with_cache(
                 cache=cache)
 
 
-def distinct_prompt_chunk(row_prompt: np.ndarray, multiple: int = 1
+def distinct_prompt_chunk(row_prompt: np.ndarray, slots: int | None = None
                           ) -> tuple[np.ndarray, np.ndarray] | None:
     """The distinct prompts of one chunk of rows, for `generate(..., segment_ids=)`.
 
     Returns `(prompt_index [U], segment_ids [R])` with `row_prompt == prompt_index[segment_ids]`:
-    U = the number of distinct ids rounded up to a power of two and then to a multiple of
-    `multiple` (the batch shards), padded with repeats of the last id (a repeat is prefilled
-    but read by no row), so that the compiled shape changes rarely as the distinct count
-    moves. None when U would not be smaller than R (prefilling the rows themselves is then
-    no more work).
+    U = `slots` when given (a static shape for any allocation; at least the distinct count),
+    else the distinct count rounded up to a power of two (the compiled shape changes rarely
+    as the count moves); padded with repeats of the last id (prefilled, read by no row).
+    None when U would not be smaller than R (prefilling the rows is then no more work).
     """
     row_prompt = np.asarray(row_prompt)
     distinct = np.unique(row_prompt)
-    size = 1 << max(0, int(distinct.size) - 1).bit_length()
-    size = -(-size // multiple) * multiple
+    size = 1 << max(0, int(distinct.size) - 1).bit_length() if slots is None else int(slots)
+    if size < distinct.size:
+        raise ValueError(f"slots={slots} is fewer than the chunk's {distinct.size} distinct "
+                         "prompts")
     if size >= row_prompt.size:
         return None
     index = np.concatenate([distinct, np.full(size - distinct.size, distinct[-1])])
@@ -374,17 +375,21 @@ def generate_rows(
     *,
     rows_per_call: int,
     mesh: Mesh | None = None,
+    prompt_slots: int | None = None,
 ) -> SampleOutput:
     """Sample one completion per row r of prompt `row_prompt[r]`, on the host side of a run.
 
     `prompt_tokens` / `prompt_mask`: host [P, W] left-padded prompts; `row_prompt`: int [B]
     in [0, P); `row_keys`: [B] keys (row r's sample depends on its key and prompt only, not
     on the chunking). Rows go through `generate` `rows_per_call` at a time (a multiple of
-    the mesh's batch shards; the last chunk is filled by wrapping around and the extras are
-    dropped), and each chunk prefills its *distinct* prompts once (`distinct_prompt_chunk`),
-    the N rollouts of a prompt sharing its KV cache, instead of prefilling every row. With a
-    mesh, rows and prompts are put on its batch sharding and the decoder runs under it.
-    Returns a `SampleOutput` of host NumPy arrays with B rows.
+    the mesh's batch shards; the last chunk is padded with copies of the last row, which are
+    dropped). On one batch shard each call prefills its *distinct* prompts once
+    (`distinct_prompt_chunk`, `prompt_slots` of them when given), the N rollouts of a prompt
+    sharing its KV cache. On several batch shards every row is prefilled where it lives:
+    copying a shared prompt's cache to rows on other devices would be a cross-device gather
+    of the prompt cache (a shard-local version would need `shard_map`; not built). With a
+    mesh, rows are put on its batch sharding and the decoder runs under it. Returns a
+    `SampleOutput` of host NumPy arrays with B rows.
     """
     row_prompt = np.asarray(row_prompt)
     total = row_prompt.shape[0]
@@ -392,12 +397,23 @@ def generate_rows(
     if rows_per_call < 1 or rows_per_call % multiple:
         raise ValueError(f"rows_per_call={rows_per_call} must be a positive multiple of the "
                          f"{multiple} batch shards")
-    place = (lambda tree: shd.shard_batch(tree, mesh)) if mesh is not None else (  # noqa: E731
-        lambda tree: jax.tree.map(jnp.asarray, tree))
+    if row_prompt.ndim != 1 or total == 0:
+        raise ValueError(f"row_prompt must be a non-empty 1-D array; got shape "
+                         f"{row_prompt.shape}")
+    if row_prompt.min() < 0 or row_prompt.max() >= prompt_tokens.shape[0]:
+        raise ValueError(f"row_prompt spans [{row_prompt.min()}, {row_prompt.max()}]; allowed "
+                         f"range is [0, {prompt_tokens.shape[0]}) (one id per prompt row)")
+    if row_keys.shape[0] != total:
+        raise ValueError(f"row_keys has {row_keys.shape[0]} rows; row_prompt has {total}")
+
+    def place(tree):
+        return shd.shard_batch(tree, mesh) if mesh is not None else jax.tree.map(jnp.asarray,
+                                                                                  tree)
+
     outs = []
     for start in range(0, total, rows_per_call):
-        sel = np.arange(start, start + rows_per_call) % total
-        chunk = distinct_prompt_chunk(row_prompt[sel], multiple)
+        sel = np.minimum(np.arange(start, start + rows_per_call), total - 1)
+        chunk = distinct_prompt_chunk(row_prompt[sel], prompt_slots) if multiple == 1 else None
         if chunk is None:
             toks, mask = place((prompt_tokens[row_prompt[sel]], prompt_mask[row_prompt[sel]]))
             segment_ids = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -282,3 +283,38 @@ def test_trim_fields_drops_omitted_and_default_fields_only():
     assert loop.trim_fields(tree, omit=("d", "missing.x"), defaults={"a.c": "", "e.c": ""}) \
         == {"a": {"b": 1}, "e": {"c": "x"}}
     assert tree == {"a": {"b": 1, "c": ""}, "d": True, "e": {"c": "x"}}  # not mutated
+
+
+class _FailingProgram:
+    """Step 2 reports `finite = 0` with the given loss and gradient norm."""
+
+    def __init__(self, loss, grad_norm):
+        self.loss, self.grad_norm = loss, grad_norm
+
+    def init_state(self):
+        return {"w": jnp.zeros(2)}
+
+    def abstract_state(self, state):
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+
+    def step(self, state, step):
+        bad = step == 1
+        return {"w": state["w"] + 1}, {"loss": self.loss if bad else 0.5,
+                                       "grad_norm": self.grad_norm if bad else 1.0,
+                                       "finite": 0.0 if bad else 1.0}
+
+    def position(self, state):
+        return {}
+
+
+@pytest.mark.parametrize("loss, grad_norm, message", [
+    (float("nan"), 1.0, "step 2 was not applied: non-finite loss or gradient"),
+    (0.5, 1.0, "step 2 made the parameters non-finite (float overflow) and is not saved"),
+    (None, None, "step 2 was not applied: non-finite loss, gradient or parameters"),
+])
+def test_nonfinite_message_names_what_failed(tmp_path, loss, grad_norm, message):
+    schedule = loop.Schedule(num_steps=3, checkpoint_every=1)
+    with pytest.raises(loop.NonFiniteError, match=re.escape(message)) as err:
+        loop.run(_FailingProgram(loss, grad_norm), str(tmp_path), fingerprint={"a": 1},
+                 resumable=(), schedule=schedule)
+    assert os.path.join(str(tmp_path), "checkpoints", "1") in str(err.value)

@@ -364,8 +364,8 @@ def test_segment_ids_prefill_each_prompt_once(model):
 
 
 def test_distinct_prompt_chunk():
-    """The chunk's distinct prompts, padded to a power of two (then a multiple of the
-    shards) with repeats; the local ids map every row back to its prompt."""
+    """The chunk's distinct prompts, padded to a power of two (or to `slots`) with repeats;
+    the local ids map every row back to its prompt."""
     rows = np.array([3, 3, 3, 7, 7, 9, 9, 9, 9, 12, 12, 12, 12, 12, 12, 12])
     index, local = sampling.distinct_prompt_chunk(rows)
     assert index.tolist() == [3, 7, 9, 12]
@@ -373,31 +373,38 @@ def test_distinct_prompt_chunk():
     index, local = sampling.distinct_prompt_chunk(rows[:9])  # 3 distinct -> 4 slots
     assert index.tolist() == [3, 7, 9, 9] and local.dtype == np.int32
     np.testing.assert_array_equal(index[local], rows[:9])
-    index, _ = sampling.distinct_prompt_chunk(rows, multiple=8)
+    index, _ = sampling.distinct_prompt_chunk(rows, slots=8)
     assert index.shape == (8,) and set(index.tolist()) == {3, 7, 9, 12}
     # As many slots as rows: the rows are prefilled themselves.
     assert sampling.distinct_prompt_chunk(np.array([0, 1, 2, 2])) is None
-    assert sampling.distinct_prompt_chunk(rows, multiple=16) is None
+    assert sampling.distinct_prompt_chunk(rows, slots=16) is None
+    with pytest.raises(ValueError, match="slots=3 is fewer than the chunk's 4"):
+        sampling.distinct_prompt_chunk(rows, slots=3)
+
+
+def _spy_generate(monkeypatch):
+    """Record (prompt rows, with segment_ids?) of every `sampling.generate` call."""
+    calls, real = [], sampling.generate
+
+    def spy(model, toks, *args, **kwargs):
+        calls.append((toks.shape[0], kwargs.get("segment_ids") is not None))
+        return real(model, toks, *args, **kwargs)
+
+    monkeypatch.setattr(sampling, "generate", spy)
+    return calls
 
 
 @pytest.mark.parametrize("rows_per_call", [12, 5])
 def test_generate_rows_prefills_distinct_prompts_per_chunk(model, monkeypatch, rows_per_call):
     """`generate_rows` gives every row the tokens of sampling its expanded prompt row with
-    its key, for any chunking (the last chunk wraps), while each call prefills only the
-    chunk's distinct prompts (4 for 12 rows in one call; 2-4 for 5 rows)."""
+    its key, for any chunking (the last chunk is padded with the last row), while each call
+    prefills only the chunk's distinct prompts (4 for 12 rows in one call; 1-4 for 5)."""
     tokens, mask = _batch()
     row_prompt = np.repeat(np.arange(4), 3)
     row_keys = jax.random.split(jax.random.key(7), 12)
     want = generate(model, tokens[row_prompt], mask[row_prompt], None, SAMPLED,
                     row_keys=row_keys)
-    prefilled = []
-    real = sampling.generate
-
-    def spy(model, toks, *args, **kwargs):
-        prefilled.append((toks.shape[0], kwargs.get("segment_ids") is not None))
-        return real(model, toks, *args, **kwargs)
-
-    monkeypatch.setattr(sampling, "generate", spy)
+    calls = _spy_generate(monkeypatch)
     got = sampling.generate_rows(model, np.asarray(tokens), np.asarray(mask), row_prompt,
                                  row_keys, SAMPLED, rows_per_call=rows_per_call)
     assert isinstance(got.tokens, np.ndarray) and got.tokens.shape == (12, 6)
@@ -405,12 +412,39 @@ def test_generate_rows_prefills_distinct_prompts_per_chunk(model, monkeypatch, r
     np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
     np.testing.assert_array_equal(got.lengths, want.lengths)
     if rows_per_call == 12:
-        assert prefilled == [(4, True)]
-    else:  # rows 0-4, 5-9, 10-14 (wrapping to rows 0-2): 2, 3 (4 slots) and 2 prompts
-        assert prefilled == [(2, True), (4, True), (2, True)]
+        assert calls == [(4, True)]
+    else:  # rows 0-4, 5-9, 10-11 (+ three copies of row 11): 2, 3 (4 slots), 1 prompts
+        assert calls == [(2, True), (4, True), (1, True)]
+    calls.clear()
+    sampling.generate_rows(model, np.asarray(tokens), np.asarray(mask), row_prompt, row_keys,
+                           SAMPLED, rows_per_call=12, prompt_slots=8)
+    assert calls == [(8, True)]  # a fixed number of slots
+    args = (model, np.asarray(tokens), np.asarray(mask))
     with pytest.raises(ValueError, match="rows_per_call=0"):
-        sampling.generate_rows(model, np.asarray(tokens), np.asarray(mask), row_prompt,
-                               row_keys, SAMPLED, rows_per_call=0)
+        sampling.generate_rows(*args, row_prompt, row_keys, SAMPLED, rows_per_call=0)
+    with pytest.raises(ValueError, match="row_keys has 11 rows; row_prompt has 12"):
+        sampling.generate_rows(*args, row_prompt, row_keys[:11], SAMPLED, rows_per_call=4)
+    with pytest.raises(ValueError, match=r"row_prompt spans \[1, 4\]"):
+        sampling.generate_rows(*args, row_prompt + 1, row_keys, SAMPLED, rows_per_call=4)
+
+
+def test_generate_rows_on_several_batch_shards_prefills_rows_where_they_live(model,
+                                                                             monkeypatch):
+    """On a 2-shard batch mesh every row is prefilled on its own device (no cross-device
+    copy of a shared prompt's cache), with the same tokens as on one device."""
+    from sera_jax import sharding as shd
+
+    tokens, mask = _batch()
+    row_prompt = np.repeat(np.arange(4), 2)
+    row_keys = jax.random.split(jax.random.key(3), 8)
+    one = sampling.generate_rows(model, np.asarray(tokens), np.asarray(mask), row_prompt,
+                                 row_keys, SAMPLED, rows_per_call=8)
+    calls = _spy_generate(monkeypatch)
+    two = sampling.generate_rows(model, np.asarray(tokens), np.asarray(mask), row_prompt,
+                                 row_keys, SAMPLED, rows_per_call=8,
+                                 mesh=shd.make_mesh((2, 1, 1), jax.devices()[:2]))
+    assert calls == [(8, False)]
+    np.testing.assert_array_equal(two.tokens, one.tokens)
 
 
 def test_scanned_layers_sample_the_same_tokens(model, monkeypatch):

@@ -36,6 +36,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.micro_batch_size = 32
     # All-fail / all-success groups have A = 0: pack the live rows into the first micro-batches
     # so the rest is skipped (same gradient up to float summation order; docs/results_speed.md).
+    # It is part of the fingerprint: a run started before it was set resumes only with
+    # --config.rl.skip_zero_advantage=False.
     # rl.train_length_bucket stays 0 (not measured at this scale: with thousands of rollouts
     # a step's longest one is likely at max_new_tokens, and every width costs a compile).
     c.rl.skip_zero_advantage = True

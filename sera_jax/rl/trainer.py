@@ -12,8 +12,8 @@ ratio 1, no KL, no entropy bonus):
 4. flat rollout batch: prompt q repeated N_q times (`sampling.expand_prompts`), B rows,
    `segment_ids[r]` = prompt of row r; static shapes whatever the counts;
 5. sample (`sampling.generate_rows`: jit, batch-sharded rows, `sampling.batch_size` rows per
-   call, each call prefilling its distinct prompts once for all their rollouts) and score
-   every completion with the task verifier (host);
+   call, each call prefilling its distinct prompts once for all their rollouts on one batch
+   shard) and score every completion with the task verifier (host);
 6. ragged advantages (`estimators.ADVANTAGE_ESTIMATORS[config.estimator]`, MaxRL by
    default), per-rollout weights (`estimators.rollout_weights`, or 1 without the
    multiplicity correction);
@@ -349,11 +349,15 @@ class Trainer:
     def sample(self, state: TrainState, prompts: np.ndarray, prompt_mask: np.ndarray,
                segment_ids: np.ndarray, key: jax.Array) -> SampleOutput:
         """Sample one completion per row r of prompt `segment_ids[r]` (host [P, W] prompts),
-        `sampling.batch_size` rows per call, each call prefilling its distinct prompts once;
+        `sampling.batch_size` rows per call, each call prefilling its distinct prompts once
+        (on one batch shard; `sampling.generate_rows`);
         row r uses key `fold_in(key, r)` however the rows are chunked. Host arrays."""
         keys = default_row_keys(key, segment_ids.shape[0])
+        # A fixed number of prompt slots per call (at most P prompts can occur in a call):
+        # one compiled sampler whatever the allocation puts in a chunk.
         return generate_rows(self.model(state), prompts, prompt_mask, segment_ids, keys,
-                             self.sampling, rows_per_call=self.sample_rows, mesh=self.mesh)
+                             self.sampling, rows_per_call=self.sample_rows, mesh=self.mesh,
+                             prompt_slots=min(self.batch_prompts, self.sample_rows))
 
     def collect(self, state: TrainState) -> tuple[Rollouts, history_lib.SuccessHistory, Any]:
         """Steps 1-6 of the module docstring: choose prompts, allocate, sample, score and

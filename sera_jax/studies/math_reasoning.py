@@ -180,7 +180,7 @@ def evaluate_policy(model: Decoder, task: MathTask, cfg: ml_collections.ConfigDi
         "seconds": seconds,
     }
     if examples:  # what the policy writes: one sample of each of the first problems
-        width = min(batch, ids.size * int(e.num_samples))
+        width = shd.round_up_to_shards(min(batch, ids.size * int(e.num_samples)), mesh)
         record["examples"] = sample_examples(model, task, ids[:examples], sampling,
                                              int(e.seed) + 1, width, mesh,
                                              samples_per_prompt=int(e.num_samples))
@@ -193,16 +193,19 @@ def sample_examples(model: Decoder, task: MathTask, ids: Sequence[int],
                     ) -> list[dict[str, Any]]:
     """One decoded completion (with its reward) per prompt id, for the report.
 
-    The rows repeat each id `samples_per_prompt` times up to `width` rows, the layout of an
-    evaluation chunk of that many samples per prompt, so the evaluation's compiled sampler
-    (same rows, same number of distinct prompts) is reused instead of compiling another.
+    Laid out as an evaluation chunk of `width` rows with `samples_per_prompt` rows per
+    prompt (the ids repeated to fill it), so on one batch shard the evaluation's compiled
+    sampler (same rows, same number of distinct prompts) is reused; id i is reported from
+    its first row, i * samples_per_prompt.
     """
     ids = [int(i) for i in ids]
     if not ids:
         return []
     n = max(1, min(int(samples_per_prompt), width // len(ids)))
-    row_prompt = (np.arange(width) // n) % len(ids)
-    toks, mask = left_pad(task.prompt_tokens("eval", ids), task.max_prompt_len, task.pad_id)
+    slots = -(-width // n)  # distinct prompts of an evaluation chunk of `width` rows
+    toks, mask = left_pad(task.prompt_tokens("eval", [ids[j % len(ids)] for j in range(slots)]),
+                          task.max_prompt_len, task.pad_id)
+    row_prompt = np.arange(width) // n
     key = jax.random.key(seed)
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jax.numpy.arange(width,
                                                                          dtype=jax.numpy.uint32))
