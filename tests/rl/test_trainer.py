@@ -369,3 +369,33 @@ def test_majority_vote():
     assert majority_vote([1, 2, 1, 2], np.array([1.0, 0.0, 1.0, 0.0])) == 1.0  # tie: first
     assert majority_vote([None, None], np.array([1.0, 1.0])) == 0.0
 
+
+
+@pytest.mark.parametrize("grad_clip", [0.5, 0.0])
+def test_fused_adamw_step_equals_optax_clip_and_adamw(grad_clip):
+    """`fused_adamw_step` gives the values of `make_optimizer`'s optax chain (update +
+    apply_updates) over several steps up to float rounding, the clip active or off, in the
+    same state pytree; `apply = False` leaves parameters and state exactly untouched, also
+    for NaN gradients."""
+    config = small_config(**{"optimizer.grad_clip": grad_clip,
+                             "optimizer.weight_decay": 0.1})
+    tx = trainer_lib.make_optimizer(config)
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rng.normal(size=(5, 3)), jnp.float32),
+              "b": jnp.asarray(rng.normal(size=(3,)), jnp.float32)}
+    ref_p, ref_s = params, tx.init(params)
+    p, s = params, tx.init(params)
+    step = jax.jit(lambda p, s, g, a: trainer_lib.fused_adamw_step(config, p, s, g, a))
+    for _ in range(3):
+        grads = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape) * 3, x.dtype), p)
+        updates, ref_s = tx.update(grads, ref_s, ref_p)
+        ref_p = optax.apply_updates(ref_p, updates)
+        p, s = step(p, s, grads, jnp.bool_(True))
+        assert jax.tree.structure(s) == jax.tree.structure(ref_s)
+        for a, b in zip(jax.tree.leaves((p, s)), jax.tree.leaves((ref_p, ref_s))):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-6, atol=1e-7)
+    assert not np.allclose(np.asarray(p["w"]), np.asarray(params["w"]))
+    grads = jax.tree.map(lambda g: g.at[0].set(jnp.nan), grads)
+    kept_p, kept_s = step(p, s, grads, jnp.bool_(False))
+    for a, b in zip(jax.tree.leaves((kept_p, kept_s)), jax.tree.leaves((p, s))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
