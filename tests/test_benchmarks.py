@@ -195,3 +195,14 @@ def test_decoder_compile_bench_smoke():
     assert rows["sampler"][7] == "same tokens", rows["sampler"]
     for cells in rows.values():
         assert float(cells[1].split()[0]) > 0 and float(cells[2].split()[0]) > 0  # compile s
+
+
+def test_adamw_update_bench_runs():
+    """Both updates on small leaves: positive times and a speed-up cell for each row."""
+    out = _bench("adamw_update_bench.py", "--elements=4096", "--repeats=1")
+    rows = [line for line in out.splitlines() if line.startswith("| optax")
+            or line.startswith("| trainer.fused")]
+    assert len(rows) == 2, out
+    for row in rows:
+        cells = _cells(row)
+        assert float(cells[1]) > 0 and cells[3].endswith("x"), row
