@@ -71,6 +71,14 @@ class EvalResult:
         return summary_path, prompts_path
 
 
+def prompt_slots(num_prompts: int, width: int, num_samples: int) -> int:
+    """Prompt slots of every `generate_rows` call of `evaluate`: the most distinct prompts
+    `width` consecutive prompt-major rows (`num_samples` per prompt) can hold,
+    min(P, (width - 1) // n + 2), so every chunk, the last one included, has one shape (one
+    compiled sampler)."""
+    return min(int(num_prompts), (int(width) - 1) // int(num_samples) + 2)
+
+
 def majority_vote(answers: Sequence[Any], rewards: np.ndarray) -> float:
     """1.0 when the most frequent non-None answer (ties: first seen) was scored correct,
     0.0 when it was not or when no sample has an answer."""
@@ -123,7 +131,7 @@ def evaluate(
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(
         jnp.asarray(row_key_index % (2**32), jnp.uint32))
     out = generate_rows(model, prompts, pmask, row_prompt, keys, sampling, rows_per_call=width,
-                        mesh=mesh)
+                        mesh=mesh, prompt_slots=prompt_slots(ids.size, width, n))
     tokens, lengths, truncated = out.tokens, out.lengths, out.truncated
 
     completions = [tokens[j, : lengths[j]] for j in range(total)]

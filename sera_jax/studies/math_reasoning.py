@@ -183,20 +183,21 @@ def evaluate_policy(model: Decoder, task: MathTask, cfg: ml_collections.ConfigDi
         width = shd.round_up_to_shards(min(batch, ids.size * int(e.num_samples)), mesh)
         record["examples"] = sample_examples(model, task, ids[:examples], sampling,
                                              int(e.seed) + 1, width, mesh,
-                                             samples_per_prompt=int(e.num_samples))
+                                             samples_per_prompt=int(e.num_samples),
+                                             num_prompts=int(ids.size))
     return record
 
 
 def sample_examples(model: Decoder, task: MathTask, ids: Sequence[int],
                     sampling: SamplingConfig, seed: int, width: int,
-                    mesh: jax.sharding.Mesh | None, samples_per_prompt: int = 1
-                    ) -> list[dict[str, Any]]:
+                    mesh: jax.sharding.Mesh | None, samples_per_prompt: int = 1,
+                    num_prompts: int = 1) -> list[dict[str, Any]]:
     """One decoded completion (with its reward) per prompt id, for the report.
 
     Laid out as an evaluation chunk of `width` rows with `samples_per_prompt` rows per
     prompt (the ids repeated to fill it), so on one batch shard the evaluation's compiled
-    sampler (same rows, same number of distinct prompts) is reused; id i is reported from
-    its first row, i * samples_per_prompt.
+    sampler (same rows, the same `evaluate.prompt_slots` for an evaluation of `num_prompts`
+    prompts) is reused; id i is reported from its first row, i * samples_per_prompt.
     """
     ids = [int(i) for i in ids]
     if not ids:
@@ -210,7 +211,8 @@ def sample_examples(model: Decoder, task: MathTask, ids: Sequence[int],
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jax.numpy.arange(width,
                                                                          dtype=jax.numpy.uint32))
     out = generate_rows(model, toks, mask, row_prompt, keys, sampling, rows_per_call=width,
-                        mesh=mesh)
+                        mesh=mesh,
+                        prompt_slots=max(slots, eval_lib.prompt_slots(num_prompts, width, n)))
     first = np.arange(len(ids)) * n  # the first row of each id
     tokens, lengths, truncated = out.tokens[first], out.lengths[first], out.truncated[first]
     comps = [tokens[i, : lengths[i]] for i in range(len(ids))]

@@ -399,3 +399,25 @@ def test_fused_adamw_step_equals_optax_clip_and_adamw(grad_clip):
     kept_p, kept_s = step(p, s, grads, jnp.bool_(False))
     for a, b in zip(jax.tree.leaves((kept_p, kept_s)), jax.tree.leaves((p, s))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_evaluate_samples_every_chunk_with_one_prompt_shape(monkeypatch):
+    """`evaluate`'s chunks, the short last one included, all prefill
+    `evaluate.prompt_slots` prompts: one compiled sampler per evaluation."""
+    from sera_jax import sampling
+    from sera_jax.rl import evaluate as eval_lib
+
+    shapes, real = [], sampling.generate
+
+    def spy(model, toks, *args, **kwargs):
+        shapes.append(toks.shape[0])
+        return real(model, toks, *args, **kwargs)
+
+    monkeypatch.setattr(sampling, "generate", spy)
+    task = EmitTask()
+    cfg = SamplingConfig(max_new_tokens=3, temperature=1.0, stop_ids=(STOP,), pad_id=0)
+    evaluate(tiny_model(seed=1), task, "train", num_samples=3, sampling=cfg,
+             key=jax.random.key(0), batch_size=7)
+    total = task.split_size("train") * 3
+    assert len(shapes) == -(-total // 7) > 1
+    assert set(shapes) == {eval_lib.prompt_slots(task.split_size("train"), 7, 3)}, shapes
