@@ -83,6 +83,24 @@ def train_flops(cfg, rows: int, prompt_len: int, completion_len: int) -> float:
     return float(3 * rows * forward)
 
 
+def shared_prefix_train_flops(cfg, prefix_rows: int, rows: int, prompt_len: int,
+                              completion_len: int) -> float:
+    """`train_flops` of `decoder.shared_prefix_logprobs` (`rl.share_prompt_prefix`):
+    `prefix_rows` prompt forwards of W = prompt_len tokens (the head at the last one), and
+    `rows` completion blocks of T - 1 tokens attending to their prompt's W slots and
+    causally to each other (T = completion_len):
+
+        3 * prefix_rows * [2 N_blocks W + 2 D V + L * 2 H Dh W (W + 1)]
+        + 3 * rows * [2 N_blocks (T-1) + 2 D V (T-1) + L * 2 H Dh (T-1) (2W + T)]
+    """
+    body, head = matmul_params(cfg)
+    w, t, h, dh = prompt_len, completion_len, cfg.num_heads, cfg.resolved_head_dim
+    prompt = 2 * body * w + 2 * head + cfg.num_layers * 2 * h * dh * w * (w + 1)
+    block = (2 * body * (t - 1) + 2 * head * (t - 1)
+             + cfg.num_layers * 2 * h * dh * (t - 1) * (2 * w + t))
+    return float(3 * (prefix_rows * prompt + rows * block))
+
+
 def torch_threads() -> int:
     """Set torch's intra-op threads to this process's CPU affinity (`taskset -c 0` = 1)."""
     import torch

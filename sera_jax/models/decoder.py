@@ -762,6 +762,65 @@ def token_logprobs(
     return lp
 
 
+def shared_prefix_logprobs(
+    model: Decoder,
+    prefix_tokens: jax.Array,
+    prefix_mask: jax.Array,
+    row_prefix: jax.Array,
+    completion_tokens: jax.Array,
+    completion_mask: jax.Array,
+) -> jax.Array:
+    """Completion log-probs of rows that share prompts, each prompt's forward computed once.
+
+    Row r continues prompt `row_prefix[r]` of the S left-padded prompts `prefix_tokens` /
+    `prefix_mask` [S, W]. Returns float32 [R, T] equal (up to float summation order) to
+    `token_logprobs(model, concat(prefix[row_prefix], completion), mask, start=W)`:
+    out[r, t] = log p(completion[r, t] | prompt, completion[r, :t]), 0 where
+    `completion_mask` is False.
+
+    How: one forward over the S prompts fills a W-slot KV cache and gives each prompt's
+    last-position logits (the prediction of completion token 0); the cache rows are
+    gathered to the R rows and the first T - 1 completion tokens run as one cached block
+    (queries attend to the prompt's slots and causally to each other), whose logits
+    predict tokens 1..T-1. Gradients reach the prompt forward through the gather (summed
+    over the rows of a prompt). A training batch of R rows over S << R prompts then runs
+    S·W + R·T tokens through the network instead of R·(W + T).
+    """
+    s, w = prefix_tokens.shape
+    r, t = completion_tokens.shape
+    cfg = model.cfg
+    prefix_mask = prefix_mask.astype(bool)
+    completion_mask = completion_mask.astype(bool)
+    cache = init_cache(cfg, s, w, dtype=cfg.dtype)
+    last_logits, cache = model(prefix_tokens, positions_from_mask(prefix_mask), cache=cache,
+                               attention_mask=prefix_mask, last_only=True)
+    logits = jnp.take(last_logits[:, 0], row_prefix, axis=0)[:, None]  # [R, 1, V]
+    if t > 1:
+        # RoPE positions continue each prompt's real tokens, exactly as
+        # `positions_from_mask` numbers the concatenated row.
+        start = jnp.sum(prefix_mask, axis=1, dtype=jnp.int32)[row_prefix]
+        positions = jnp.maximum(
+            start[:, None] + jnp.cumsum(completion_mask.astype(jnp.int32), axis=1) - 1, 0)
+        grow = t - 1  # slots for the completion block (its last token predicts nothing)
+
+        def rows(x, slot_axis):
+            x = jnp.take(x, row_prefix, axis=0)
+            pad = [(0, 0)] * x.ndim
+            pad[slot_axis] = (0, grow)
+            return jnp.pad(x, pad)
+
+        rows_cache = KVCache(
+            k=jax.tree.map(lambda x: rows(x, x.ndim - 1), cache.k),
+            v=jax.tree.map(lambda x: rows(x, x.ndim - 2), cache.v),
+            valid=rows(cache.valid, 1), index=jnp.asarray(w, jnp.int32))
+        block_logits, _ = model(completion_tokens[:, :-1], positions[:, :-1],
+                                cache=rows_cache, attention_mask=completion_mask[:, :-1])
+        logits = jnp.concatenate([logits, block_logits], axis=1)  # [R, T, V]
+    picked = jnp.take_along_axis(logits, completion_tokens[..., None], axis=-1)[..., 0]
+    lp = picked - jax.nn.logsumexp(logits, axis=-1)
+    return jnp.where(completion_mask, lp, 0.0)
+
+
 def count_params(model: nnx.Module) -> int:
     """Total number of parameter scalars."""
     return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

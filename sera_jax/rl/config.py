@@ -89,6 +89,11 @@ def get_config() -> ml_collections.ConfigDict:
     # per distinct width (at most ceil(max_new_tokens / N)). The cut positions are padding
     # after every row's last token, so the loss is unchanged up to float rounding.
     c.train_length_bucket = 0
+    # True: the train step runs each prompt's forward once per micro-batch and its N_q
+    # completions against that prompt's KV cache (`decoder.shared_prefix_logprobs`), instead
+    # of one prompt + completion forward per row; micro-batches are then contiguous row
+    # blocks (so they hold few prompts). Same loss and gradient up to float summation order.
+    c.share_prompt_prefix = False
 
     # Sampling (sera_jax.sampling.SamplingConfig); lengths come from the task.
     c.sampling = ml_collections.ConfigDict()
@@ -127,7 +132,7 @@ FINGERPRINT_OMIT = ("async_checkpoint",)
 #: Fields left out of fingerprints while at these defaults: they were added after runs were
 #: started, and at the default they change nothing, so those runs keep their fingerprints.
 FINGERPRINT_DEFAULTS = {"sampling.kv_cache_dtype": "", "skip_zero_advantage": False,
-                        "train_length_bucket": 0}
+                        "train_length_bucket": 0, "share_prompt_prefix": False}
 
 
 def fingerprint(config: ml_collections.ConfigDict) -> dict:
@@ -225,6 +230,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
            c.get("shuffle_rewards"), "True or False")
     _check(isinstance(c.get("skip_zero_advantage", False), bool), "skip_zero_advantage",
            c.get("skip_zero_advantage"), "True or False")
+    _check(isinstance(c.get("share_prompt_prefix", False), bool), "share_prompt_prefix",
+           c.get("share_prompt_prefix"), "True or False")
     _check(_int(c.get("train_length_bucket", 0)) and c.get("train_length_bucket", 0) >= 0,
            "train_length_bucket", c.get("train_length_bucket"),
            "an integer >= 0 (0 = the static max_new_tokens width)")

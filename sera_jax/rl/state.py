@@ -1,5 +1,5 @@
-"""The RL trainer's pytrees: the checkpointed `TrainState`, the device `RolloutBatch` and the
-host `Rollouts` record of one step."""
+"""The RL trainer's pytrees: the checkpointed `TrainState`, the device `RolloutBatch` (or
+`PrefixBatch`) and the host `Rollouts` record of one step."""
 
 from __future__ import annotations
 
@@ -45,6 +45,23 @@ class RolloutBatch:
     completion_mask: jax.Array  # bool [B, T], True on generated tokens (stop included)
     advantages: jax.Array  # float32 [B]
     weights: jax.Array  # float32 [B], multiplicity weight of the row's prompt
+
+
+@flax.struct.dataclass
+class PrefixBatch:
+    """The rollout batch of one step for `rl.share_prompt_prefix`, already split into M
+    contiguous micro-batches of R rows: micro-batch m's rows continue its S prompt slots.
+
+    Prompt slots are replicated; row arrays are split over the batch axes along R.
+    """
+
+    prompt_tokens: jax.Array  # int32 [M, S, W], left-padded (unused slots repeat slot 0)
+    prompt_mask: jax.Array  # bool [M, S, W]
+    row_prompt: jax.Array  # int32 [M, R]: the slot (of its micro-batch) a row continues
+    completion_tokens: jax.Array  # int32 [M, R, T]
+    completion_mask: jax.Array  # bool [M, R, T]
+    advantages: jax.Array  # float32 [M, R]
+    weights: jax.Array  # float32 [M, R]
 
 
 @dataclasses.dataclass

@@ -59,10 +59,10 @@ from sera_jax import history as history_lib
 from sera_jax import sharding as shd
 from sera_jax.estimators import get_advantage_estimator, policy_gradient_loss, rollout_weights
 from sera_jax.loop import guarded_update
-from sera_jax.models.decoder import token_logprobs
+from sera_jax.models.decoder import shared_prefix_logprobs, token_logprobs
 from sera_jax.rl import config as config_lib
 from sera_jax.rl.data import epoch_permutation, next_prompt_ids
-from sera_jax.rl.state import RolloutBatch, Rollouts, TrainState
+from sera_jax.rl.state import PrefixBatch, RolloutBatch, Rollouts, TrainState
 from sera_jax.sampling import (
     SampleOutput,
     SamplingConfig,
@@ -150,10 +150,12 @@ def _split_micro(x: jax.Array, num_micro: int, mesh: Mesh) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
-def _live_micro(batch: RolloutBatch, num_micro: int) -> jax.Array:
-    """bool [M]: micro-batch m (rows r with r % M == m, `_split_micro`) holds a row with
-    w_r A_r != 0."""
+def _live_micro(batch: RolloutBatch | PrefixBatch, num_micro: int) -> jax.Array:
+    """bool [M]: micro-batch m (rows r with r % M == m, `_split_micro`; row block m of a
+    `PrefixBatch`) holds a row with w_r A_r != 0."""
     live = batch.advantages * batch.weights != 0
+    if isinstance(batch, PrefixBatch):
+        return jnp.any(live, axis=1)
     return jnp.any(live.reshape(-1, num_micro), axis=0)
 
 
@@ -174,9 +176,32 @@ def pack_live_rows(live: np.ndarray, num_micro: int) -> np.ndarray:
     return order
 
 
+def prefix_layout(segment_ids: np.ndarray, live: np.ndarray, micro: int, pack: bool,
+                  max_slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows and prompt slots of a `PrefixBatch` (host): returns (order [B], slots [M, S],
+    row_slot [M, R]).
+
+    Micro-batch m holds the contiguous rows `order[m R:(m + 1) R]` (R = `micro`); `pack`
+    puts the `live` rows (c_r != 0) first, in their original order, so the rest fill
+    micro-batches the train step skips. `slots[m]` are the distinct prompts (segment ids)
+    of micro-batch m, padded by repeating its last one to S = the most distinct prompts of
+    any micro-batch rounded up to a power of two (at most `max_slots` >= that count): few
+    compiled shapes. `row_slot[m, i]` is the slot row i of micro-batch m continues.
+    """
+    b = len(segment_ids)
+    order = np.argsort(~np.asarray(live, bool), kind="stable") if pack else np.arange(b)
+    seg = np.asarray(segment_ids)[order].reshape(b // micro, micro)
+    distinct = [np.unique(row) for row in seg]  # one per micro-batch (M = B / R of them)
+    need = max(len(u) for u in distinct)
+    s = max(need, min(1 << (need - 1).bit_length(), max_slots))
+    slots = np.stack([np.pad(u, (0, s - len(u)), mode="edge") for u in distinct])
+    row_slot = np.stack([np.searchsorted(u, row) for u, row in zip(distinct, seg)])
+    return order, slots, row_slot.astype(np.int32)
+
+
 def rollout_loss(
     model: nnx.Module,
-    batch: RolloutBatch,
+    batch: RolloutBatch | PrefixBatch,
     *,
     aggregation: str,
     num_prompts: int,
@@ -186,12 +211,18 @@ def rollout_loss(
 ) -> jax.Array:
     """Policy-gradient surrogate of a (micro-)batch: recompute log π of the completions
     under `model` (one forward over prompt + completion, the vocabulary head only where a
-    completion token is predicted) and apply `estimators.policy_gradient_loss` with
-    whole-batch normalisers (P·N0, `num_tokens`)."""
-    width = batch.prompt_tokens.shape[1]
-    tokens = jnp.concatenate([batch.prompt_tokens, batch.completion_tokens], axis=1)
-    mask = jnp.concatenate([batch.prompt_mask, batch.completion_mask], axis=1)
-    logprobs = token_logprobs(model, tokens, mask, start=width)
+    completion token is predicted; for one micro-batch of a `PrefixBatch`, each prompt slot's
+    forward once, `decoder.shared_prefix_logprobs`) and apply
+    `estimators.policy_gradient_loss` with whole-batch normalisers (P·N0, `num_tokens`)."""
+    if isinstance(batch, PrefixBatch):
+        logprobs = shared_prefix_logprobs(model, batch.prompt_tokens, batch.prompt_mask,
+                                          batch.row_prompt, batch.completion_tokens,
+                                          batch.completion_mask)
+    else:
+        width = batch.prompt_tokens.shape[1]
+        tokens = jnp.concatenate([batch.prompt_tokens, batch.completion_tokens], axis=1)
+        mask = jnp.concatenate([batch.prompt_mask, batch.completion_mask], axis=1)
+        logprobs = token_logprobs(model, tokens, mask, start=width)
     return policy_gradient_loss(
         logprobs, batch.completion_mask, batch.advantages, batch.weights,
         aggregation=aggregation, num_prompts=num_prompts, n0=n0, max_len=max_len,
@@ -242,6 +273,7 @@ class Trainer:
         self.budget = config_lib.budget(config)
         self.micro = int(config.micro_batch_size) or self.budget
         self.sample_rows = int(config.sampling.batch_size) or self.budget
+        self.share_prefix = bool(config.get("share_prompt_prefix", False))
         divisor = shd.batch_divisor(self.mesh)
         for field, rows in (("micro_batch_size", self.micro),
                             ("sampling.batch_size", self.sample_rows)):
@@ -291,7 +323,8 @@ class Trainer:
                    jax.tree_util.tree_flatten_with_path(params)[0],
                    jax.tree.leaves(self.param_shardings))),
                self.budget, self.micro, self.batch_prompts, config.aggregation,
-               int(config.rollouts_per_prompt), self.loss_len, config.optimizer.to_json())
+               int(config.rollouts_per_prompt), self.loss_len, config.optimizer.to_json(),
+               self.share_prefix)
         if key not in _PROGRAMS:
             _PROGRAMS[key] = self._build_programs()
         self.tx, self._train_step, self.gradients, self.batch_shardings = _PROGRAMS[key]
@@ -348,10 +381,13 @@ class Trainer:
             # c_r are all 0 adds exactly 0 to the loss and the gradient (unless its
             # log-probabilities are not finite: then the skip hides what would have tripped
             # the finite guard): only the live micro-batches are computed.
-            if num_micro == 1:
+            if isinstance(batch, PrefixBatch):  # already [M, ...] micro-batches
+                micro = batch
+            elif num_micro == 1:
                 return jax.lax.cond(_live_micro(batch, 1)[0],
                                     lambda: grad_fn(params, batch, num_tokens), lambda: zeros)
-            micro = jax.tree.map(lambda x: _split_micro(x, num_micro, mesh), batch)
+            else:
+                micro = jax.tree.map(lambda x: _split_micro(x, num_micro, mesh), batch)
             # A loop over the live micro-batches: a dynamic trip count (one compiled program
             # for any number of them), so not reverse-differentiable (nothing needs that).
             live = _live_micro(batch, num_micro)
@@ -375,9 +411,13 @@ class Trainer:
                                                        dtype=jnp.float32)
             return params, opt_state, metrics
 
-        rows = lambda ndim: shd.batch_sharding(mesh, ndim)  # noqa: E731
-        batch_shardings = RolloutBatch(rows(2), rows(2), rows(2), rows(2), rows(1), rows(1))
         rep = shd.replicated(mesh)
+        if self.share_prefix:  # rows split along R of [M, R, ...]; prompt slots replicated
+            rows = lambda ndim: shd.batch_sharding(mesh, ndim, axis=1)  # noqa: E731
+            batch_shardings = PrefixBatch(rep, rep, rows(2), rows(3), rows(3), rows(2), rows(2))
+        else:
+            rows = lambda ndim: shd.batch_sharding(mesh, ndim)  # noqa: E731
+            batch_shardings = RolloutBatch(rows(2), rows(2), rows(2), rows(2), rows(1), rows(1))
         # `(loss, grads) = trainer.gradients(params, batch)`: the accumulated gradient of one
         # step's loss (not donating; for tests and gradient analyses).
         gradients_jit = jax.jit(gradients, in_shardings=(self.param_shardings, batch_shardings),
@@ -459,18 +499,37 @@ class Trainer:
             sample_time=t_sample, score_time=t_score)
         return rollouts, history, key
 
-    def device_batch(self, rollouts: Rollouts) -> RolloutBatch:
+    def device_batch(self, rollouts: Rollouts) -> RolloutBatch | PrefixBatch:
         """The rollouts as a `RolloutBatch` of global arrays on the batch sharding: the
         completions cut to `train_width`; with `config.skip_zero_advantage` in
-        `pack_live_rows` order (the loss is a sum over rows)."""
+        `pack_live_rows` order (the loss is a sum over rows). With
+        `config.share_prompt_prefix` a `PrefixBatch` (`prefix_layout`) instead."""
         r = rollouts
         width = self.train_width(r)
+        if self.share_prefix:
+            return self._prefix_batch(r, width)
         fields = (r.prompt_tokens, r.prompt_mask, r.completion_tokens[:, :width],
                   r.completion_mask[:, :width], r.advantages, r.weights)
         if self.config.get("skip_zero_advantage", False):
             order = pack_live_rows(r.live, self.budget // self.micro)
             fields = tuple(x[order] for x in fields)
         return RolloutBatch(*shd.shard_batch(fields, self.mesh))
+
+    def _prefix_batch(self, r: Rollouts, width: int) -> PrefixBatch:
+        order, slots, row_slot = prefix_layout(
+            r.segment_ids, r.live, self.micro, self.config.get("skip_zero_advantage", False),
+            min(self.micro, self.batch_prompts))
+        m = self.budget // self.micro
+        some_row = np.zeros(self.batch_prompts, np.int64)  # any row of prompt q holds it
+        some_row[r.segment_ids] = np.arange(self.budget)
+        prompt_rows = some_row[slots]  # [M, S]
+        micro = lambda x: x[order].reshape(m, self.micro, *x.shape[1:])  # noqa: E731
+        prompts = shd.replicate((r.prompt_tokens[prompt_rows], r.prompt_mask[prompt_rows]),
+                                self.mesh)
+        rows = shd.shard_batch((row_slot, micro(r.completion_tokens[:, :width]),
+                                micro(r.completion_mask[:, :width]), micro(r.advantages),
+                                micro(r.weights)), self.mesh, axis=1)
+        return PrefixBatch(*prompts, *rows)
 
     def train_width(self, rollouts: Rollouts) -> int:
         """Completion positions the train step sees: max_new_tokens, or with
@@ -490,6 +549,8 @@ class Trainer:
         live = rollouts.live
         if self.config.get("skip_zero_advantage", False):
             return -(-int(live.sum()) // self.micro)
+        if self.share_prefix:  # contiguous row blocks
+            return int(live.reshape(num_micro, self.micro).any(axis=1).sum())
         return int(live.reshape(self.micro, num_micro).any(axis=0).sum())
 
     def step(self, state: TrainState, *, return_rollouts: bool = False):
@@ -535,9 +596,11 @@ class Trainer:
         mixed = active & (successes > 0) & (successes < counts)
         act_counts = counts[active].astype(np.float64)
         seen = active & np.isfinite(p_hat)
+        # κ over all P prompts (a static shape: one compile per run, not one per count of
+        # seen prompts), then the seen ones picked on the host.
+        k = np.asarray(kappa(jnp.asarray(np.where(seen, p_hat, 0.0)), jnp.asarray(counts),
+                             self.kappa_shift))[seen]
         if seen.any():
-            k = np.asarray(kappa(jnp.asarray(p_hat[seen]), jnp.asarray(counts[seen]),
-                                 self.kappa_shift))
             kappa_min, kappa_mean = float(k.min()), float(k.mean())
         else:  # no estimate yet (first epoch): κ is undefined, recorded as None
             kappa_min = kappa_mean = None

@@ -24,6 +24,7 @@ from sera_jax.models.decoder import (
     init_cache,
     map_row_chunks,
     positions_from_mask,
+    shared_prefix_logprobs,
     token_logprobs,
 )
 
@@ -589,6 +590,44 @@ def test_token_logprobs_start_matches_full_forward_reference():
     grads = [nnx.grad(lambda m, f=f: jnp.sum(weights * f(m)))(model) for f in (fast, reference)]
     for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1]), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["llama_tied", "qwen2_untied", "qwen3", "scan"])
+def test_shared_prefix_logprobs_equal_the_per_row_forward(variant):
+    """Each prompt's forward once, its rows' completions against its cache: the same
+    completion log-probs and gradients as one prompt + completion forward per row (left-
+    padded prompts of different lengths, ragged completions, rows in any prompt order)."""
+    cfg = TINY.replace(scan_layers=True) if variant == "scan" else VARIANTS[variant]
+    model = _randomised(cfg, seed=4)
+    rng = np.random.default_rng(1)
+    s, w, r, t = 3, 7, 8, 5
+    prompts = rng.integers(0, cfg.vocab_size, (s, w))
+    prompt_mask = np.arange(w)[None] >= np.array([[0], [3], [5]])  # 7, 4 and 2 real tokens
+    row_prompt = np.array([0, 0, 2, 1, 2, 2, 1, 0])
+    completions = rng.integers(0, cfg.vocab_size, (r, t))
+    completion_mask = np.arange(t)[None] < rng.integers(1, t + 1, (r, 1))
+    weights = jnp.asarray(rng.normal(size=(r, t)), jnp.float32)
+    tokens = jnp.asarray(np.concatenate([prompts[row_prompt], completions], 1))
+    mask = jnp.asarray(np.concatenate([prompt_mask[row_prompt], completion_mask], 1))
+
+    def shared(m):
+        return shared_prefix_logprobs(m, *(jnp.asarray(x) for x in (
+            prompts, prompt_mask, row_prompt, completions, completion_mask)))
+
+    def per_row(m):
+        return token_logprobs(m, tokens, mask, start=w)
+
+    got, want = nnx.jit(shared)(model), nnx.jit(per_row)(model)
+    assert got.shape == (r, t) and not np.asarray(got)[~completion_mask].any()
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    grads = [nnx.jit(nnx.grad(lambda m, f=f: jnp.sum(weights * f(m))))(model)
+             for f in (shared, per_row)]
+    for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1]), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+    one = nnx.jit(shared_prefix_logprobs)(  # T = 1: the prompts' forward alone
+        model, jnp.asarray(prompts), jnp.asarray(prompt_mask), jnp.asarray(row_prompt),
+        jnp.asarray(completions[:, :1]), jnp.asarray(completion_mask[:, :1]))
+    np.testing.assert_allclose(one, want[:, :1], atol=1e-5)
 
 
 def test_bf16_attention_rounds_probabilities_like_the_bf16_program():

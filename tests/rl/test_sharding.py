@@ -67,12 +67,15 @@ def test_shard_batch_rows_and_to_host():
 
 
 @pytest.mark.parametrize("options", [{}, {"skip_zero_advantage": True,
-                                          "train_length_bucket": 2}])
+                                          "train_length_bucket": 2},
+                                     {"share_prompt_prefix": True, "train_length_bucket": 2}])
 def test_sharded_step_equals_single_device_step(options):
     """Two trainer steps on a data=2, fsdp=2, tensor=2 mesh equal the 1-device steps: same
     allocation and samples, parameters to float32 reduction-order tolerance, and the
     caller's model is left intact (params are copied before the donating train step);
-    also with the live rows packed and the completions cut to a length bucket."""
+    also with the live rows packed and the completions cut to a length bucket, and with
+    each micro-batch's prompts run once (`share_prompt_prefix`: prompt slots replicated,
+    rows split over the batch shards)."""
     config = small_config(**options)
     task = EmitTask()
     p_hat = np.linspace(0.05, 0.95, 12)

@@ -254,6 +254,60 @@ def test_skip_zero_advantage_same_gradient_fewer_micro_batches():
     assert fp["skip_zero_advantage"] is True and fp["train_length_bucket"] == 8
 
 
+def test_prefix_layout_contiguous_micro_batches_and_slots():
+    """`prefix_layout`: contiguous row blocks (live rows first with `pack`), each block's
+    distinct prompts in S = a power of two of slots, every row pointing at its prompt."""
+    seg = np.repeat(np.arange(5), [3, 1, 4, 2, 6])  # 16 rows of 5 prompts
+    live = np.isin(seg, [1, 3])
+    order, slots, row_slot = trainer_lib.prefix_layout(seg, live, 4, False, 4)
+    assert order.tolist() == list(range(16)) and slots.shape == (4, 2)  # at most 2 per block
+    for m in range(4):
+        np.testing.assert_array_equal(slots[m][row_slot[m]], seg[order[4 * m:4 * m + 4]])
+    order, slots, row_slot = trainer_lib.prefix_layout(seg, live, 4, True, 4)
+    assert set(order[:3]) == {3, 8, 9}  # the live rows (prompts 1 and 3) fill block 0
+    for m in range(4):
+        np.testing.assert_array_equal(slots[m][row_slot[m]], seg[order[4 * m:4 * m + 4]])
+    _, slots, _ = trainer_lib.prefix_layout(np.arange(8), np.ones(8, bool), 8, False, 8)
+    assert slots.shape == (1, 8)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_share_prompt_prefix_same_loss_and_gradient(packed):
+    """`share_prompt_prefix`: each prompt's forward once per micro-batch, completions against
+    its cache, gives the per-row forward's loss and gradient (uneven SERA counts, so prompts
+    straddle micro-batches), skips the same kind of dead micro-batches, and a whole step
+    trains like the per-row trainer."""
+    task = EmitTask()
+    model = tiny_model(seed=1)
+    plain = trainer_lib.Trainer(small_config(), task, model, one_device_mesh())
+    shared = trainer_lib.Trainer(small_config(share_prompt_prefix=True,
+                                              skip_zero_advantage=packed),
+                                 task, model, one_device_mesh())
+    state = with_history(plain.init_state(model), np.linspace(0.05, 0.95, 12))
+    r, _, _ = plain.collect(state)
+    assert len(set(r.counts.tolist())) > 1, "the test needs an uneven allocation"
+    batch = shared.device_batch(r)
+    assert batch.completion_tokens.shape[:2] == (4, 4) and batch.prompt_tokens.shape[1] < 4
+    loss_a, grads_a = plain.gradients(state.params, plain.device_batch(r))
+    loss_b, grads_b = shared.gradients(state.params, batch)
+    assert float(loss_a) != 0
+    np.testing.assert_allclose(float(loss_b), float(loss_a), rtol=1e-5, atol=1e-7)
+    for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+    live = r.live.reshape(4, 4)
+    want = (-(-int(live.sum()) // 4) if packed else int(live.any(axis=1).sum()))
+    assert shared.trained_micro_batches(r) == want
+
+    s_plain, _ = plain.step(jax.tree.map(jnp.copy, state))  # steps donate their state
+    s_shared, m_shared = shared.step(jax.tree.map(jnp.copy, state))
+    assert m_shared["trained_micro_batches"] == want
+    for a, b in zip(jax.tree.leaves(s_plain.params), jax.tree.leaves(s_shared.params)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
+    fp = config_lib.fingerprint(small_config())
+    assert "share_prompt_prefix" not in fp
+    assert config_lib.fingerprint(small_config(share_prompt_prefix=True))["share_prompt_prefix"]
+
+
 def test_train_length_bucket_cuts_padding_only():
     """`train_length_bucket`: the train step sees the longest completion rounded up to the
     bucket (never past max_new_tokens), and the loss and gradient are those of the full width."""
