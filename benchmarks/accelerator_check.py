@@ -525,6 +525,7 @@ def train_config(rl, rows: int, mesh):
     c.allocation.n_max = max(2, int(c.allocation.n_max))
     c.micro_batch_size = rows
     c.sampling.batch_size = rows
+    c.share_prompt_prefix = False  # `random_batch` builds a per-row RolloutBatch
     for axis, size in mesh.shape.items():
         c.mesh[axis] = int(size)
     return c

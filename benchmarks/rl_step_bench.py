@@ -639,8 +639,12 @@ def paired_steps(runners: list[Any], variant: str) -> list[tuple[Rollouts, int]]
 
         with open(_PAIRS_IN.value, "rb") as f:
             return pickle.load(f)[variant]
-    return next(r.history for r in runners if isinstance(r, JaxStep) and r.variant == variant
-                and r.name.startswith("sera_jax uniform"))
+    history = next((r.history for r in runners if isinstance(r, JaxStep)
+                    and r.variant == variant and r.name.startswith("sera_jax uniform")), None)
+    if history is None:
+        raise app.UsageError("--pair_rollouts needs the sera_jax uniform side: keep jax in "
+                             "--frameworks (or use --isolate_sides)")
+    return history
 
 
 def run_task(setup: Setup, frameworks: set[str], methods: list[str], repeats: int,

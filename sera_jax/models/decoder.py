@@ -784,7 +784,8 @@ def shared_prefix_logprobs(
     (queries attend to the prompt's slots and causally to each other), whose logits
     predict tokens 1..T-1. Gradients reach the prompt forward through the gather (summed
     over the rows of a prompt). A training batch of R rows over S << R prompts then runs
-    S·W + R·T tokens through the network instead of R·(W + T).
+    S·W + R·T tokens through the network instead of R·(W + T). Memory: the block's
+    attention scores are one [R, H, T - 1, W + T - 1] float32 array (not query-blocked).
     """
     s, w = prefix_tokens.shape
     r, t = completion_tokens.shape
@@ -792,8 +793,14 @@ def shared_prefix_logprobs(
     prefix_mask = prefix_mask.astype(bool)
     completion_mask = completion_mask.astype(bool)
     cache = init_cache(cfg, s, w, dtype=cfg.dtype)
+    # `last_only` (the last layer's attention output and MLP for the last token alone) is
+    # an inference path under `scan_layers` (it indexes the stacked weights per layer, which
+    # a backward pass would turn into L full-size gradient updates): scanned models run
+    # every query and take the head at the last position.
+    scan = cfg.scan_layers
     last_logits, cache = model(prefix_tokens, positions_from_mask(prefix_mask), cache=cache,
-                               attention_mask=prefix_mask, last_only=True)
+                               attention_mask=prefix_mask, last_only=not scan,
+                               logits_from=w - 1 if scan else 0)
     logits = jnp.take(last_logits[:, 0], row_prefix, axis=0)[:, None]  # [R, 1, V]
     if t > 1:
         # RoPE positions continue each prompt's real tokens, exactly as

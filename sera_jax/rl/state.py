@@ -55,7 +55,7 @@ class PrefixBatch:
     Prompt slots are replicated; row arrays are split over the batch axes along R.
     """
 
-    prompt_tokens: jax.Array  # int32 [M, S, W], left-padded (unused slots repeat slot 0)
+    prompt_tokens: jax.Array  # int32 [M, S, W], left-padded (unused slots repeat one)
     prompt_mask: jax.Array  # bool [M, S, W]
     row_prompt: jax.Array  # int32 [M, R]: the slot (of its micro-batch) a row continues
     completion_tokens: jax.Array  # int32 [M, R, T]

@@ -185,17 +185,24 @@ def prefix_layout(segment_ids: np.ndarray, live: np.ndarray, micro: int, pack: b
     puts the `live` rows (c_r != 0) first, in their original order, so the rest fill
     micro-batches the train step skips. `slots[m]` are the distinct prompts (segment ids)
     of micro-batch m, padded by repeating its last one to S = the most distinct prompts of
-    any micro-batch rounded up to a power of two (at most `max_slots` >= that count): few
-    compiled shapes. `row_slot[m, i]` is the slot row i of micro-batch m continues.
+    any micro-batch holding a live row, rounded up to a power of two and capped at
+    `max_slots` (>= that count): few compiled shapes. Micro-batches without a live row are
+    never computed, so theirs are cut to S (rows past it point at slot S - 1); SERA's
+    all-fail / all-success prompts at n_min rows would otherwise set S for every block.
+    `row_slot[m, i]` is the slot row i of micro-batch m continues.
     """
     b = len(segment_ids)
-    order = np.argsort(~np.asarray(live, bool), kind="stable") if pack else np.arange(b)
+    live = np.asarray(live, bool)
+    order = np.argsort(~live, kind="stable") if pack else np.arange(b)
     seg = np.asarray(segment_ids)[order].reshape(b // micro, micro)
+    block_live = live[order].reshape(b // micro, micro).any(axis=1)
     distinct = [np.unique(row) for row in seg]  # one per micro-batch (M = B / R of them)
-    need = max(len(u) for u in distinct)
+    need = max([len(u) for u, on in zip(distinct, block_live) if on], default=1)
     s = max(need, min(1 << (need - 1).bit_length(), max_slots))
+    distinct = [u[:s] for u in distinct]
     slots = np.stack([np.pad(u, (0, s - len(u)), mode="edge") for u in distinct])
-    row_slot = np.stack([np.searchsorted(u, row) for u, row in zip(distinct, seg)])
+    row_slot = np.stack([np.minimum(np.searchsorted(u, row), s - 1)
+                         for u, row in zip(distinct, seg)])
     return order, slots, row_slot.astype(np.int32)
 
 

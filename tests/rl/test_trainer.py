@@ -269,6 +269,12 @@ def test_prefix_layout_contiguous_micro_batches_and_slots():
         np.testing.assert_array_equal(slots[m][row_slot[m]], seg[order[4 * m:4 * m + 4]])
     _, slots, _ = trainer_lib.prefix_layout(np.arange(8), np.ones(8, bool), 8, False, 8)
     assert slots.shape == (1, 8)
+    # Blocks without a live row are never computed: their many n_min-row prompts do not
+    # set S (cut to S, rows past it clipped to the last slot).
+    seg = np.repeat(np.arange(10), [8] + [2] * 8 + [8])
+    order, slots, row_slot = trainer_lib.prefix_layout(seg, seg == 0, 8, False, 8)
+    assert slots.shape == (4, 1) and (slots[0] == 0).all()
+    assert row_slot.min() == 0 and row_slot.max() == 0
 
 
 @pytest.mark.parametrize("packed", [False, True])
