@@ -31,6 +31,14 @@ def _cells(row: str) -> list[str]:
     return [c.strip() for c in row.strip().strip("|").split("|")]
 
 
+def plain_cpu_env() -> dict[str, str]:
+    """This environment without the tests' 8 fake CPU devices: the benchmark as it is run."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if "xla_force_host_platform_device_count" not in f)
+    return env
+
+
 #: rl_step_bench's default variants and the suffix of their table rows (the paired test
 #: below runs the `shared` one).
 VARIANTS = {"plain": "", "packed_shared": " (packed_shared)"}
@@ -40,9 +48,7 @@ VARIANTS = {"plain": "", "packed_shared": " (packed_shared)"}
 def rl_step_report(tmp_path_factory) -> tuple[str, str]:
     """(stdout, markdown report) of `rl_step_bench.py --smoke` on one plain CPU device."""
     out = tmp_path_factory.mktemp("rl_step") / "report.md"
-    env = dict(os.environ)  # the benchmark as it is run: without the tests' 8 fake devices
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if "xla_force_host_platform_device_count" not in f)
+    env = plain_cpu_env()
     stdout = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "rl_step_bench.py"), "--smoke",
          f"--out={out}"],
@@ -109,9 +115,7 @@ def test_rl_step_bench_isolated_sides_merge_into_one_table(tmp_path):
     pytest.importorskip("torch", reason="torch is not installed (make hf-deps)")
     pytest.importorskip("transformers", reason="transformers is not installed (make hf-deps)")
     out = tmp_path / "report.md"
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if "xla_force_host_platform_device_count" not in f)
+    env = plain_cpu_env()
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rl_step_bench.py"), "--smoke",
                     "--isolate_sides", "--tasks=maze", "--methods=uniform", f"--out={out}"],
                    capture_output=True, text=True, check=True, cwd=ROOT, timeout=600, env=env)
@@ -133,9 +137,7 @@ def test_rl_step_bench_paired_rollouts_give_both_sides_the_same_batch(tmp_path):
     pytest.importorskip("torch", reason="torch is not installed (make hf-deps)")
     pytest.importorskip("transformers", reason="transformers is not installed (make hf-deps)")
     out = tmp_path / "report.md"
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if "xla_force_host_platform_device_count" not in f)
+    env = plain_cpu_env()
     cmd = [sys.executable, str(ROOT / "benchmarks" / "rl_step_bench.py"), "--smoke",
            "--tasks=maze", "--methods=uniform", "--variants=plain,shared", "--pair_rollouts"]
     for extra in ([], ["--isolate_sides"]):
