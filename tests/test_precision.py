@@ -16,7 +16,13 @@ from flax import nnx
 
 from sera_jax import config_files, sampling
 from sera_jax.models.configs import MAZE_POLICY, dtype_from_name
-from sera_jax.models.decoder import Decoder, init_cache, positions_from_mask, token_logprobs
+from sera_jax.models.decoder import (
+    Decoder,
+    init_cache,
+    positions_from_mask,
+    shared_prefix_logprobs,
+    token_logprobs,
+)
 from sera_jax.rl import config as rl_config
 from sera_jax.rl import trainer as trainer_lib
 from sera_jax.sampling import SamplingConfig, cache_length, generate, generate_with_cache
@@ -60,6 +66,26 @@ def test_bf16_compute_logits_and_token_logprobs_within_tolerance_of_float32():
     assert lp_b.dtype == np.float32
     assert np.abs(lp_a - lp_b).max() < 0.1 and np.abs(lp_a - lp_b)[real].mean() < 0.02
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nnx.state(bf16)))
+
+
+def test_bf16_shared_prefix_logprobs_within_tolerance_of_float32():
+    """bfloat16 compute through `shared_prefix_logprobs` (its cached completion block and
+    the prompts' last-position decode attention) stays within the per-row bf16 tolerance
+    of the float32 per-row log-probs (measured: max 0.034, mean 0.006; per-row bf16: 0.028,
+    0.007)."""
+    f32, bf16 = _models()
+    prompts, pmask = _prompts(batch=3, width=20, seed=1)
+    row_prompt = jnp.asarray([0, 0, 1, 2, 2, 1])
+    completions, cmask = _prompts(batch=6, width=12, seed=2)
+    cmask = jnp.asarray(np.arange(12)[None] < np.array([[12], [3], [7], [1], [12], [9]]))
+    tokens = jnp.concatenate([prompts[row_prompt], completions], axis=1)
+    mask = jnp.concatenate([pmask[row_prompt], cmask], axis=1)
+    want = np.asarray(token_logprobs(f32, tokens, mask, start=20))
+    got = np.asarray(nnx.jit(shared_prefix_logprobs)(bf16, prompts, pmask, row_prompt,
+                                                     completions, cmask))
+    real = np.asarray(cmask)
+    assert got.dtype == np.float32 and not got[~real].any()
+    assert np.abs(got - want).max() < 0.1 and np.abs(got - want)[real].mean() < 0.02
 
 
 def test_bf16_kv_cache_sampling_matches_float32_cache():
