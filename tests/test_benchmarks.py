@@ -131,9 +131,12 @@ def test_rl_step_bench_isolated_sides_merge_into_one_table(tmp_path):
 
 
 def test_rl_step_bench_paired_rollouts_give_both_sides_the_same_batch(tmp_path):
-    """--pair_rollouts: the PyTorch side trains on the sera_jax uniform side's rollouts of
-    each step, so both report the same live and trained rows, in one process and with each
-    framework in its own (the rollouts handed over in a file)."""
+    """--pair_rollouts runs in one process and with each framework in its own (the
+    rollouts handed over in a file): the PyTorch side's step k takes the sera_jax uniform
+    side's step-k rollouts (the script asserts their prompt ids match its own data order)
+    and reports their live / trained rows. At smoke size the random policy has no live row,
+    so the equal-rows assertion is only a plumbing check here; the measured runs in
+    docs/results_speed.md show equal non-zero rows (maze 62 %, math 25 %)."""
     pytest.importorskip("torch", reason="torch is not installed (make hf-deps)")
     pytest.importorskip("transformers", reason="transformers is not installed (make hf-deps)")
     out = tmp_path / "report.md"
