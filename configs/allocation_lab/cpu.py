@@ -18,7 +18,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.seed = 0
     c.num_seeds = 64
     c.methods = METHODS + NEW_RULES
-    c.difficulty = "maze"  # a name of sera_jax.lab.task.DIFFICULTIES or (weight, a, b) rows
+    c.difficulty = "maze"  # a name of sera_jax.studies.lab.task.DIFFICULTIES or (weight, a, b) rows
 
     c.task = ml_collections.ConfigDict()
     c.task.num_train = 32

@@ -228,7 +228,7 @@ def sequential(
         raise ValueError(
             "sequential is a two-stage allocator: draw `pilot` rollouts (default n_min) of "
             "every prompt first and pass their successes as pilot_successes=... (see "
-            "sera_jax.lab.train for the protocol)")
+            "sera_jax.studies.lab.train for the protocol)")
     if second_stage not in _SECOND_STAGES:
         raise ValueError(f"second_stage must be one of {_SECOND_STAGES}, got {second_stage!r}")
     if rounding not in ("leximin", "paper"):

@@ -6,9 +6,9 @@ import pytest
 
 from sera_jax import methods
 from sera_jax.config_files import get_config
-from sera_jax.lab import study, train
+from sera_jax.studies.lab import study, train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 CPU = os.path.join(ROOT, "configs", "allocation_lab", "cpu.py")
 
 

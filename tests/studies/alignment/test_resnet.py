@@ -1,4 +1,4 @@
-"""sera_jax.vision.resnet: shapes, parameter counts and BatchNorm train/eval semantics."""
+"""sera_jax.studies.alignment.resnet: shapes, parameter counts, BatchNorm train/eval."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sera_jax.vision import resnet
+from sera_jax.studies.alignment import resnet
 
 
 def _num_params(cfg):

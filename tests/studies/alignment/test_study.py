@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from sera_jax import config_files
-from sera_jax.vision import study
+from sera_jax.studies.alignment import study
 from tests import util
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _config(name):

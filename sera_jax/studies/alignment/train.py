@@ -22,8 +22,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from sera_jax import alignment, metrics
-from sera_jax.vision.resnet import apply_model, split_model
+from sera_jax import metrics
+from sera_jax.studies.alignment import gradients as alignment
+from sera_jax.studies.alignment.resnet import apply_model, split_model
 
 
 @flax.struct.dataclass

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from sera_jax.lab import stats
+from sera_jax.studies.lab import stats
 
 
 def test_t_interval_matches_scipy():

@@ -1,9 +1,9 @@
-"""sera_jax.vision.data: the digits split and the tfds ImageNet pipeline (mock data)."""
+"""sera_jax.studies.alignment.data: the digits split and the tfds ImageNet pipeline (mock data)."""
 
 import numpy as np
 import pytest
 
-from sera_jax.vision import data
+from sera_jax.studies.alignment import data
 
 
 def test_digits_split_is_deterministic_disjoint_and_standardised():

@@ -1,4 +1,5 @@
-"""sera_jax.alignment: exact p, the logit-space MaxRL gradient, paired rollouts, the
+"""sera_jax.studies.alignment.gradients: exact p, the logit-space MaxRL gradient, paired
+rollouts, the
 two-stage (pilot) protocol, and the alignment engine."""
 
 import functools
@@ -10,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sera_jax import alignment
-from sera_jax.vision import resnet
+from sera_jax.studies.alignment import gradients as alignment
+from sera_jax.studies.alignment import resnet
 
 P, C = 6, 5
 

@@ -279,7 +279,7 @@ def pilot_successes(keys: jax.Array, logits: jax.Array, labels: jax.Array, pilot
                     ) -> np.ndarray:
     """K¹ [R, P] (host int32): successes among rollouts 0..pilot−1 of every image, for each
     draw key of `keys` [R] -- the first rollouts `maxrl_logit_cotangent` draws with that key,
-    so the pilot is part of the final rollouts (the protocol of `sera_jax.lab.train`)."""
+    so the pilot is part of the final rollouts (the protocol of `sera_jax.studies.lab.train`)."""
     if isinstance(pilot, bool) or not isinstance(pilot, int | np.integer) or pilot < 1:
         raise ValueError(f"pilot={pilot!r}; must be an integer >= 1")
     return np.asarray(jax.device_get(_pilot_successes(keys, logits, labels, int(pilot))))

@@ -38,13 +38,14 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from sera_jax import alignment, sharding
 from sera_jax import methods as methods_lib
+from sera_jax import sharding
 from sera_jax.rl import config as rl_config
 from sera_jax.studies import common
-from sera_jax.vision import data as data_lib
-from sera_jax.vision import resnet
-from sera_jax.vision.train import Steps, TrainState, init_state, make_optimizer
+from sera_jax.studies.alignment import data as data_lib
+from sera_jax.studies.alignment import gradients as alignment
+from sera_jax.studies.alignment import resnet
+from sera_jax.studies.alignment.train import Steps, TrainState, init_state, make_optimizer
 
 CSV_COLUMNS = ("stage", "stage_step", "budget", "method", "draw", "seed", "cosine",
                "norm_ratio", "cosine_expected", "kappa_min", "kappa_mean", "active_frac")

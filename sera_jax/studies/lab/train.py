@@ -48,8 +48,8 @@ from jax import Array, lax
 from sera_jax import allocation as allocation_lib
 from sera_jax import estimators, metrics
 from sera_jax import history as history_lib
-from sera_jax.lab import task as task_lib
 from sera_jax.methods import Method
+from sera_jax.studies.lab import task as task_lib
 
 #: Per-step scalar diagnostics, in the order of the last axis of `Runner(...)['steps']`.
 STEP_METRICS = ("cosine", "kappa_mean", "kappa_min", "active_frac", "mixed_frac",

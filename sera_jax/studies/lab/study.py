@@ -13,7 +13,7 @@
    it contains 0).
 
 Differences are paired over seeds; the interval is `config.report.ci` ('t': Student t over
-seeds, 'bootstrap': percentile bootstrap over seeds; `sera_jax.lab.stats`).
+seeds, 'bootstrap': percentile bootstrap over seeds; `sera_jax.studies.lab.stats`).
 
 Writes to `workdir`: `summary.md` (also returned), `final.csv` (per method, seed, split, k:
 final pass@k), `regime.csv`, `results.npz` (every array), `pass_at_k_training.png`,
@@ -34,8 +34,8 @@ import numpy as np
 from absl import logging
 
 from sera_jax import methods as methods_lib
-from sera_jax.lab import stats, train
 from sera_jax.studies import common
+from sera_jax.studies.lab import stats, train
 
 SPLITS = ("train", "held-out")
 

@@ -8,7 +8,7 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 from sera_jax import metrics
-from sera_jax.lab import task
+from sera_jax.studies.lab import task
 
 CFG = dict(num_train=6, num_test=4, num_answers=5, feature_dim=3, num_skills=2, max_correct=2,
            p_floor=1e-6, base_logit_scale=1.0, scorer="mlp", mlp_width=4)

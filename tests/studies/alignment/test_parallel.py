@@ -3,9 +3,10 @@
 import jax
 import numpy as np
 
-from sera_jax import alignment, sharding
-from sera_jax.vision import data, resnet
-from sera_jax.vision.train import Steps, init_state, make_optimizer
+from sera_jax import sharding
+from sera_jax.studies.alignment import data, resnet
+from sera_jax.studies.alignment import gradients as alignment
+from sera_jax.studies.alignment.train import Steps, init_state, make_optimizer
 
 
 def test_sharded_rl_step_matches_single_device():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sera_jax import allocation, estimators, methods
-from sera_jax.lab import train
+from sera_jax.studies.lab import train
 
 SETUP = train.Setup(num_train=8, num_test=8, num_answers=6, feature_dim=4, num_skills=2,
                     prompts_per_step=4, n0=4, n_min=2, n_max=8, num_steps=6, eval_every=2,
