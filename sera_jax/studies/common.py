@@ -40,16 +40,35 @@ def config_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str
     return out
 
 
+#: Config fields that moved when every study took one schema (old dotted path -> new one).
+#: Each study adds its own; `unknown_override` and `renamed_fields` name the new home.
+RENAMED: dict[str, str] = {}
+
+
+def renamed_fields(config: ml_collections.ConfigDict) -> None:
+    """Raise StudyError naming the new field when `config` (e.g. a user's own config file)
+    still has a field under an old name of `RENAMED`."""
+    for old in config_keys(config):
+        if old in RENAMED:
+            raise StudyError(f"config field {old!r} was renamed {RENAMED[old]!r}: set "
+                             f"{RENAMED[old]} instead")
+
+
 def unknown_override(argv: Sequence[str], config: ml_collections.ConfigDict,
                      flag: str = "config") -> str | None:
     """The first `--config.a.b=v` of `argv` whose path is not a field of `config`, with the
-    nearest valid path, as a one-line message; None when every override names a field."""
+    new name of a renamed field (`RENAMED`) or else the nearest valid path, as a one-line
+    message; None when every override names a field."""
     keys = config_keys(config)
     known = set(keys)
     for arg in argv:
         if not arg.startswith(f"--{flag}."):
             continue
         path = arg[len(flag) + 3:].split("=", 1)[0]
+        moved = next((new + path[len(old):] for old, new in RENAMED.items()
+                      if path == old or path.startswith(old + ".")), None)
+        if path not in known and moved is not None:
+            return f"--{flag}.{path}: this field was renamed; use --{flag}.{moved}"
         if path not in known:
             close = difflib.get_close_matches(path, keys, n=1, cutoff=0.6)
             hint = f"; did you mean --{flag}.{close[0]}?" if close else ""
@@ -126,6 +145,38 @@ def summary_binary(recipe: str, default_config: str) -> None:
         main(lambda: print(study.run(config.value, workdir.value)["summary"]))
 
     run_app(main_fn, default_config)
+
+
+def binary(run: Callable[[ml_collections.ConfigDict, str | None], Any], default_config: str,
+           ) -> None:
+    """The whole main of every study binary: `--config` (default `default_config`, a path
+    relative to the repository root) and `--workdir`, overrides checked against the config
+    file before absl parses them, the persistent compilation cache under the workdir,
+    one-line errors, and `result["summary"]` printed when `run(config, workdir)` returns
+    one. A binary defines its extra flags (absl) before calling this and reads them in
+    `run`."""
+    from ml_collections import config_flags
+
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None) or os.getcwd()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(main_file)))
+    default = os.path.join(root, default_config)
+    check_overrides(default)
+    config = config_flags.DEFINE_config_file("config", default, "Path to a get_config() file.")
+    workdir = flags.DEFINE_string("workdir", None, "Output directory (runs resume in it).")
+
+    def main_fn(argv: list[str]) -> None:
+        del argv
+
+        def call() -> None:
+            renamed_fields(config.value)
+            enable_compilation_cache(workdir.value)
+            result = run(config.value, workdir.value)
+            if isinstance(result, Mapping) and "summary" in result:
+                print(result["summary"])
+
+        main(call)
+
+    run_app(main_fn, default)
 
 
 def enable_compilation_cache(workdir: str | None) -> None:
