@@ -518,7 +518,7 @@ def train_config(rl, rows: int, mesh):
     of `rows` rows each on `mesh` (2 rollouts per prompt: the budget is 2 * rows)."""
     from sera_jax.rl import config as rl_config
 
-    c = rl_config.with_method(rl, "sera")
+    c = rl_config.for_method(rl, "sera")
     c.prompts_per_step = rows
     c.rollouts_per_prompt = 2
     c.allocation.n_min = 2

@@ -20,6 +20,7 @@ import optax
 from absl import app, flags
 from bench_common import cpu_name
 
+from sera_jax import optim
 from sera_jax.rl import config as rl_config
 from sera_jax.rl import trainer
 
@@ -43,7 +44,7 @@ def measure(step, params, opt_state, grads) -> tuple[float, int]:
 def main(argv: list[str]) -> None:
     del argv
     config = rl_config.get_config()
-    tx = trainer.make_optimizer(config)
+    tx = optim.make_optimizer(config.optimizer)
     n = _ELEMENTS.value
 
     def optax_step(params, opt_state, grads):

@@ -85,7 +85,7 @@ def train_flops(cfg, rows: int, prompt_len: int, completion_len: int) -> float:
 
 def shared_prefix_train_flops(cfg, prefix_rows: int, rows: int, prompt_len: int,
                               completion_len: int) -> float:
-    """`train_flops` of `decoder.shared_prefix_logprobs` (`rl.share_prompt_prefix`):
+    """`train_flops` of `logprobs.shared_prefix_logprobs` (`rl.share_prompt_prefix`):
     `prefix_rows` prompt forwards of W = prompt_len tokens (the head at the last one), and
     `rows` completion blocks of T - 1 tokens attending to their prompt's W slots and
     causally to each other (T = completion_len):

@@ -63,8 +63,8 @@ def main(argv):
         convert_layout,
         count_params,
         init_cache,
-        token_logprobs,
     )
+    from sera_jax.models.logprobs import token_logprobs
 
     if _SMALL.value:
         cfg = DecoderConfig(

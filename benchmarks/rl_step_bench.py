@@ -59,7 +59,7 @@ w·A = 0 (it adds exactly 0; all-fail and all-success groups have A = 0); `packe
 orders the rows so the live ones fill the first micro-batches (`rl.skip_zero_advantage`);
 `shared` (`rl.share_prompt_prefix`) makes the micro-batches contiguous row blocks on both
 sides, and sera_jax runs each block's distinct prompts once and their rows' completions
-against the prompt's KV cache (`decoder.shared_prefix_logprobs`; the same gradient), while
+against the prompt's KV cache (`logprobs.shared_prefix_logprobs`; the same gradient), while
 the PyTorch side runs every row's prompt + completion as TRL does; `packed_shared` is both.
 A last check times both train phases on one identical batch with every row live (the
 engines on equal work, whatever each side's own samples happened to reward).
@@ -296,7 +296,7 @@ class JaxStep:
 
         self.name = side_name(f"sera_jax {method}", variant)
         self.variant = variant
-        rl = rl_config.with_method(setup.rl, method)
+        rl = rl_config.for_method(setup.rl, method)
         rl.skip_zero_advantage = variant in ("packed", "packed_shared")
         rl.share_prompt_prefix = variant in ("shared", "packed_shared")
         rl.train_length_bucket = _BUCKET.value
@@ -512,7 +512,7 @@ def logprob_check(setup: Setup, rollouts: Rollouts, hf: Any, rows: int = 4) -> f
     import torch
     from flax import nnx
 
-    from sera_jax.models.decoder import token_logprobs
+    from sera_jax.models.logprobs import token_logprobs
 
     r, n = rollouts, min(rows, len(rollouts.lengths))
     width = r.prompt_tokens.shape[1]

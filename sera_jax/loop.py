@@ -12,6 +12,10 @@ What one call does, in order:
    fingerprint (the whole config that defines the run plus the identity of its starting
    point) with `fingerprint` and refuses -- `CheckpointError` naming every changed field --
    unless only fields under a `resumable` prefix differ; then restores the state;
+   It also refuses (`CheckpointError`, before restoring) when `train.jsonl` lacks a record
+   of any step up to the checkpoint (deleted, truncated, edited): resuming would leave a
+   file that silently starts after the checkpoint. The records are not in the checkpoint,
+   so they cannot be restored: put the file back or start over (the message says how);
 2. writes `<run_dir>/config.json` (only now: a refused run never overwrites it);
 3. drops records after the restored step from `train.jsonl` / `eval.jsonl` (that work is
    redone exactly) and calls `hooks.on_start`;
@@ -32,6 +36,16 @@ loop waits for the write before the next save (and Orbax's rotation of old steps
 naming the last good checkpoint of a non-finite step, and before returning; a failed
 background write raises `CheckpointError` there.
 
+A step's record that cannot be written (a full disk) stops the run with one
+`RecordWriteError` (a `CheckpointError`). When the run fails (a full disk, a non-finite
+step, a refused resume), that error is the one raised: closing the checkpointer or the
+TensorBoard writer afterwards (both may fail too on a full disk) only logs its own error.
+
+Logs: the loop's progress lines and the studies' results are absl INFO; the libraries'
+INFO chatter (Orbax's ~60 lines per checkpoint, JAX's backend probing) is dropped unless
+absl's verbosity flag asks for it (`--verbosity=1` / `-v 1`): `quiet_library_logs`.
+Warnings and errors always show.
+
 `stop_after` ends the call after that many steps, as a kill would (tests). Records are
 written by process 0 only (`sera_jax.records`); every process must call `run`.
 """
@@ -41,6 +55,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import logging as std_logging
 import math
 import os
 import time
@@ -61,6 +76,12 @@ EVAL_RECORDS = "eval.jsonl"
 
 class NonFiniteError(RuntimeError):
     """A step produced a non-finite loss, gradient norm or parameters (nothing is saved)."""
+
+
+class RecordWriteError(ckpt_lib.CheckpointError):
+    """A step's record could not be written (a full disk, a read-only workdir): the run
+    stops; the last checkpoint is intact and the run resumes from it (a CheckpointError,
+    so binaries report it in one line)."""
 
 
 class Program(Protocol):
@@ -241,7 +262,69 @@ def check_fingerprint(stored: Mapping | None, current: Mapping, resumable: Seque
             f"workdir. Fields that may change on resume: {', '.join(resumable) or 'none'}.")
 
 
+# ----------------------------------------------------------------------------- logs
+
+#: Packages whose INFO / DEBUG records are dropped unless absl's verbosity is >= 1 (DEBUG).
+QUIET_LIBRARIES = ("orbax", "jax", "jaxlib", "etils", "tensorstore", "absl")
+
+
+class _QuietLibraries(std_logging.Filter):
+    """Drops library records below WARNING unless `--verbosity` >= 1 (read at log time, so
+    it follows the flag parsed after import). Orbax logs through absl's logger, so a
+    record's library is read from its source path, not its logger name."""
+
+    _parts = tuple(f"{os.sep}{name}{os.sep}" for name in QUIET_LIBRARIES)
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        if record.levelno >= std_logging.WARNING or logging.get_verbosity() >= logging.DEBUG:
+            return True
+        path = record.pathname or ""
+        installed = "site-packages" in path or "dist-packages" in path  # not our own files
+        return not (installed and any(part in path for part in self._parts))
+
+
+_QUIET = _QuietLibraries()
+
+
+def quiet_library_logs() -> None:
+    """Install the library filter (idempotent) on absl's handler and the root logger's
+    handlers: what a run prints is its progress, results and every warning."""
+    handlers = [logging.get_absl_handler(), *std_logging.getLogger().handlers]
+    for handler in handlers:
+        if _QUIET not in handler.filters:
+            handler.addFilter(_QUIET)
+
+
+quiet_library_logs()  # at import too: JAX probes its backends before the first `run`
+
+
 # ----------------------------------------------------------------------------- records
+
+
+def check_records_complete(run_dir: str, step: int) -> None:
+    """Raise CheckpointError unless `<run_dir>/train.jsonl` holds a record of every step
+    1..`step` (a resume from `step` must not silently lose or re-number them). Process 0
+    reads the file (only it writes records); every process gets its verdict."""
+    from jax.experimental import multihost_utils
+
+    path = os.path.join(run_dir, TRAIN_RECORDS)
+    missing = []
+    if jax.process_index() == 0:
+        have = {r.get("step") for r in read_jsonl(path)}
+        missing = [s for s in range(1, step + 1) if s not in have]
+    verdict = multihost_utils.broadcast_one_to_all(
+        jnp.asarray([len(missing), missing[0] if missing else 0, os.path.exists(path)],
+                    jnp.int32))
+    count, first, exists = (int(v) for v in verdict)
+    if count:
+        what = (f"{path} does not exist" if not exists else
+                f"{path} lacks the records of {count} of steps 1..{step} (first: step {first})")
+        raise ckpt_lib.CheckpointError(
+            f"refusing to resume {run_dir} from its step-{step} checkpoint: {what}, so the "
+            "run's records would silently start after the checkpoint (records are not stored "
+            "in checkpoints and cannot be rebuilt). Put the file back (e.g. from a backup), or "
+            f"start over: move {os.path.join(run_dir, 'checkpoints')} away, or use a new "
+            "workdir.")
 
 
 def truncate_records(path: str, max_step: int) -> list[dict]:
@@ -286,12 +369,38 @@ class MetricWriter:
 # ----------------------------------------------------------------------------- the loop
 
 
+def _write_record(run_dir: str, step: int, record: dict, writer: MetricWriter,
+                  metrics: Mapping[str, Any]) -> None:
+    """The step's `train.jsonl` record and TensorBoard scalars; an OSError (ENOSPC, EROFS)
+    becomes one RecordWriteError naming the file and the fix."""
+    path = os.path.join(run_dir, TRAIN_RECORDS)
+    try:
+        append_jsonl(path, record)
+        writer.write(step, metrics)
+    except OSError as e:
+        raise RecordWriteError(
+            f"{run_dir}: cannot write the record of step {step} to {path} or TensorBoard "
+            f"({e.strerror or e}): free disk space (or fix the workdir's permissions) and run "
+            "again: the run resumes from its last checkpoint") from None
+
+
+def _close_quietly(run_dir: str, what: str, close: Callable[[], None] | None) -> None:
+    """`close()`, logging instead of raising: an error is already propagating."""
+    try:
+        if close is not None:
+            close()
+    except Exception as e:  # noqa: BLE001
+        logging.error("%s: closing the %s failed too: %s", run_dir, what, e)
+
+
+
 def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
         resumable: Sequence[str], schedule: Schedule, hooks: Hooks | None = None,
         config_json: Mapping[str, Any] | None = None, stop_after: int | None = None
         ) -> Result:
     """Train `program` to `schedule.num_steps` in `run_dir`, resuming (see the module doc)."""
     hooks = hooks or Hooks()
+    quiet_library_logs()
     t0 = time.perf_counter()
     os.makedirs(run_dir, exist_ok=True)
     ckpt = ckpt_lib.Checkpointer(os.path.join(run_dir, "checkpoints"),
@@ -304,6 +413,7 @@ def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
         if resumed_from is not None:
             meta = ckpt.restore_meta(resumed_from)
             check_fingerprint(meta.get("fingerprint"), fingerprint, resumable, ckpt.directory)
+            check_records_complete(run_dir, int(meta.get("step", resumed_from)))
             state, meta = ckpt.restore(program.abstract_state(state), resumed_from)
             step = int(meta["step"])
             logging.info("%s: resumed at step %d", run_dir, step)
@@ -321,8 +431,14 @@ def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
             state, metrics = program.step(state, step)
             if metrics.get("finite", 1.0) != 1.0:
                 last = ckpt.latest_step()  # waits for an in-flight write: a committed step
-                where = (f"the last good checkpoint is {os.path.join(ckpt.directory, str(last))}"
-                         if last is not None else "there is no checkpoint yet")
+                if last is not None:
+                    where = (f"the last good checkpoint is "
+                             f"{os.path.join(ckpt.directory, str(last))}")
+                    again = "the run resumes from that checkpoint"
+                else:
+                    where = "there is no checkpoint yet"
+                    again = "the run starts again from step 0"
+
                 loss, grad_norm = metrics.get("loss"), metrics.get("grad_norm")
                 known = [v for v in (loss, grad_norm) if isinstance(v, float)]
                 if len(known) < 2:  # a program that does not report both
@@ -333,16 +449,15 @@ def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
                     what = "was not applied: non-finite loss or gradient"
                 raise NonFiniteError(
                     f"{run_dir}: step {step + 1} {what} (loss={loss}, grad_norm={grad_norm}); "
-                    f"{where}. Lower the learning rate (or check the data) and run again: the "
-                    "run resumes from that checkpoint.")
+                    f"{where}. Lower the learning rate (or check the data) and run again: "
+                    f"{again}.")
             step += 1
             done_here += 1
             metrics = {**metrics, "loop_step_time": time.perf_counter() - t_step}
             record = {"step": step, **(hooks.record(step, metrics) if hooks.record else {}),
                       **{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                          for k, v in metrics.items()}}
-            append_jsonl(os.path.join(run_dir, TRAIN_RECORDS), record)
-            writer.write(step, metrics)
+            _write_record(run_dir, step, record, writer, metrics)
             final = step == schedule.num_steps
             at_eval = final or bool(schedule.eval_every and step % schedule.eval_every == 0)
             if at_eval and hooks.evaluate is not None:
@@ -355,15 +470,17 @@ def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
                                         "fingerprint": canonical(fingerprint)})
         ckpt.wait_until_finished()  # the last write is committed (or fails) before we return
     except BaseException:
-        # Do not let a failing background write replace the error already propagating.
-        try:
-            ckpt.close()
-        except Exception as e:  # noqa: BLE001
-            logging.error("%s: closing the checkpointer failed too: %s", run_dir, e)
+        # The error propagating is the one to read: closing the checkpointer (a failing
+        # background write) or the writer (its flush on the same full disk) only logs.
+        _close_quietly(run_dir, "checkpointer", ckpt.close)
+        _close_quietly(run_dir, "TensorBoard writer", writer and writer.close)
         raise
     else:
-        ckpt.close()
-    finally:
+        try:
+            ckpt.close()
+        except BaseException:
+            _close_quietly(run_dir, "TensorBoard writer", writer and writer.close)
+            raise
         if writer is not None:
             writer.close()
     return Result(state=state, step=step, resumed_from=resumed_from,
@@ -371,5 +488,7 @@ def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
 
 
 __all__ = ["EVAL_RECORDS", "TRAIN_RECORDS", "Hooks", "MetricWriter", "NonFiniteError",
+           "RecordWriteError",
            "Program", "Result", "Schedule", "canonical", "changed_fields", "check_fingerprint",
-           "defined", "guarded_update", "run", "truncate_records"]
+           "check_records_complete", "defined", "guarded_update", "quiet_library_logs", "run",
+           "truncate_records"]

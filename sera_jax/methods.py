@@ -13,6 +13,7 @@ its methods from `METHODS`, so "sera" means the same thing in every table:
 | `inverse_p`, `knapsack`, `hit_utility` | the peer allocators | N0/N_q | MaxRL |
 | `grpo` | uniform | 1 | GRPO |
 | `sera_posterior`, `sera_sequential` | [ours] `sera_jax.allocation.beyond` | N0/N_q | MaxRL |
+| `dapo`, `sera_dapo` | uniform / sera, then DAPO dynamic sampling | N0/N_q | MaxRL |
 
 `resolve(name, overrides)` applies a user's overrides on top of a preset: each one either
 takes effect or raises ValueError (an option the chosen allocator does not use, an unknown
@@ -33,7 +34,7 @@ import numpy as np
 
 from sera_jax import allocation as allocation_lib
 from sera_jax import scaling
-from sera_jax.allocation import beyond
+from sera_jax.allocation import beyond, evidence  # noqa: F401 (registers sera_evidence)
 from sera_jax.estimators import ADVANTAGE_ESTIMATORS
 
 #: Keys a user may override on top of a method preset (`None` = keep the preset's).
@@ -47,7 +48,9 @@ class Method:
     allocator: key of `sera_jax.allocation.ALLOCATORS`; options: its options
     (`ALLOCATOR_OPTIONS[allocator]` only); multiplicity: train with w_q = N0/N_q (False: the
     ablation w_q = 1 on active prompts); estimator: key of
-    `sera_jax.estimators.ADVANTAGE_ESTIMATORS`.
+    `sera_jax.estimators.ADVANTAGE_ESTIMATORS`; dynamic_sampling: DAPO's over-sample, drop
+    all-equal groups, refill (`sera_jax.dynamic_sampling`), after the allocation; applied
+    by `sera_jax.integrations.tunix` (callers without it must refuse such a method).
     """
 
     name: str
@@ -56,6 +59,7 @@ class Method:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     multiplicity: bool = True
     estimator: str = "maxrl"
+    dynamic_sampling: bool = False
 
     def __post_init__(self):
         allocation_lib.check_options(self.allocator, self.options)
@@ -131,11 +135,13 @@ class Method:
     def to_dict(self) -> dict[str, Any]:
         """JSON form (stored in run configs and fingerprints)."""
         return {"name": self.name, "allocator": self.allocator, "options": dict(self.options),
-                "multiplicity": self.multiplicity, "estimator": self.estimator}
+                "multiplicity": self.multiplicity, "estimator": self.estimator,
+                **({"dynamic_sampling": True} if self.dynamic_sampling else {})}
 
 
-def _m(name, label, allocator, multiplicity=True, estimator="maxrl", **options) -> Method:
-    return Method(name, label, allocator, options, multiplicity, estimator)
+def _m(name, label, allocator, multiplicity=True, estimator="maxrl", dynamic_sampling=False,
+       **options) -> Method:
+    return Method(name, label, allocator, options, multiplicity, estimator, dynamic_sampling)
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
@@ -153,7 +159,29 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     # Beyond the paper (sera_jax.allocation.beyond; measured in docs/results_lab.md).
     _m("sera_posterior", "SERA posterior-aware", "posterior"),
     _m("sera_sequential", "SERA in-step sequential", "sequential", pilot=2),
+    _m("sera_evidence", "SERA + evidence cap", "sera_evidence", threshold=0.05, evidence_cap=64.0),
+    # DAPO dynamic sampling (sera_jax.dynamic_sampling), alone and after SERA's allocation.
+    _m("dapo", "DAPO dynamic sampling", "uniform", dynamic_sampling=True),
+    _m("sera_dapo", "SERA + dynamic sampling", "sera", dynamic_sampling=True, mode="dynamic",
+       rounding="leximin", threshold=0.05),
 )}
+
+
+#: Former method names (in older configs, records and docs) -> their name now.
+RENAMED_METHODS: dict[str, str] = {
+    "sera_dynamic": "sera",
+    "sera_no_mult": "sera_no_multiplicity",
+    "sera_no_correction": "sera_no_multiplicity",
+}
+
+
+def unknown_method_message(name: Any, what: str = "method") -> str:
+    """Why `name` is not a method: the new name of a renamed one (`RENAMED_METHODS`), else
+    the nearest valid name; with the valid names."""
+    if name in RENAMED_METHODS:
+        return (f"{what} {name!r} was renamed {RENAMED_METHODS[name]!r}; use "
+                f"{RENAMED_METHODS[name]!r}")
+    return f"unknown {what} {name!r}{nearest(name, METHODS)}; valid methods: {sorted(METHODS)}"
 
 
 def nearest(name: str, valid: Any) -> str:
@@ -163,12 +191,12 @@ def nearest(name: str, valid: Any) -> str:
 
 
 def get_method(name: str) -> Method:
-    """The registered method `name`; ValueError naming the valid ones (and the nearest)."""
+    """The registered method `name`; ValueError naming its new name when it was renamed
+    (`RENAMED_METHODS`), else the valid ones (and the nearest)."""
     try:
         return METHODS[name]
-    except KeyError:
-        raise ValueError(f"unknown method {name!r}{nearest(name, METHODS)}; valid methods: "
-                         f"{sorted(METHODS)}") from None
+    except (KeyError, TypeError):
+        raise ValueError(unknown_method_message(name)) from None
 
 
 def resolve(name: str, overrides: Mapping[str, Any] | None = None) -> Method:
@@ -192,10 +220,12 @@ def resolve(name: str, overrides: Mapping[str, Any] | None = None) -> Method:
     estimator = given.pop("estimator", base.estimator)
     options.update(given)
     try:
-        return Method(name, base.label, allocator, options, multiplicity, estimator)
+        return Method(name, base.label, allocator, options, multiplicity, estimator,
+                      base.dynamic_sampling)
     except ValueError as e:
         shown = {k: v for k, v in (overrides or {}).items() if v is not None}
         raise ValueError(f"method {name!r} with overrides {shown}: {e}") from None
 
 
-__all__ = ["METHODS", "OVERRIDABLE", "Method", "get_method", "nearest", "resolve"]
+__all__ = ["METHODS", "OVERRIDABLE", "RENAMED_METHODS", "Method", "get_method", "nearest",
+           "resolve", "unknown_method_message"]

@@ -35,7 +35,14 @@ def pass_at_k(n: Any, c: Any, k: Any) -> np.ndarray:
     to a few ulps for n in the tens of thousands. Exact edge cases: k = 1 → c/n, c = 0 → 0,
     n − c < k → 1.
     """
-    n, c, k = np.broadcast_arrays(_integers("n", n), _integers("c", c), _integers("k", k))
+    n, c, k = _integers("n", n), _integers("c", c), _integers("k", k)
+    try:
+        n, c, k = np.broadcast_arrays(n, c, k)
+    except ValueError:
+        raise ValueError(
+            f"n, c and k must broadcast together; got shapes n {n.shape}, c {c.shape}, "
+            f"k {k.shape} (give one count per prompt in n and c, or a scalar)"
+        ) from None
     if np.any(n < 1):
         raise ValueError(f"n must be >= 1; got {int(n.min())}")
     if np.any((c < 0) | (c > n)):
@@ -68,10 +75,16 @@ def pass_at_k(n: Any, c: Any, k: Any) -> np.ndarray:
 def pass_at_k_curve(n: Any, c: Any) -> tuple[np.ndarray, np.ndarray]:
     """Mean pass@k over prompts for k = 1, 2, 4, … (powers of two up to min n, then min n).
 
-    n, c: [P] samples and correct counts per prompt. Returns (ks int64[K], pass float64[K]).
+    n, c: [P] samples and correct counts per prompt (n may be one scalar for every prompt).
+    Returns (ks int64[K], pass float64[K]). ValueError if n and c are of different lengths.
     """
-    n = _integers("n", n).reshape(-1)
-    c = _integers("c", c).reshape(-1)
+    n, c = _integers("n", n), _integers("c", c)
+    if n.ndim and n.shape != c.shape:
+        raise ValueError(
+            f"n and c must have one entry per prompt each; got n of shape {n.shape} and c of "
+            f"shape {c.shape} (pass n as a scalar if every prompt has the same count)"
+        )
+    n, c = np.broadcast_to(n, c.shape).reshape(-1), c.reshape(-1)
     if n.size == 0:
         raise ValueError("n is empty; need at least one prompt")
     n_min = int(n.min())

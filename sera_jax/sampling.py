@@ -46,8 +46,9 @@ from jax.sharding import Mesh
 
 from sera_jax import sharding as shd
 from sera_jax.estimators import segment_ids_from_counts
+from sera_jax.models.attention import map_row_chunks
 from sera_jax.models.configs import DTYPE_NAMES
-from sera_jax.models.decoder import KVCache, init_cache, map_row_chunks, positions_from_mask
+from sera_jax.models.decoder import KVCache, init_cache, positions_from_mask
 
 # Weight of a filtered-out token: -inf gives exact zeros in softmax / categorical.
 _NEG_INF = -jnp.inf

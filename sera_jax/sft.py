@@ -32,10 +32,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from sera_jax import loop
+from sera_jax import loop, optim
 from sera_jax import sharding as shd
 from sera_jax.checkpoint import Checkpointer, CheckpointError
-from sera_jax.models.decoder import token_logprobs
+from sera_jax.models.logprobs import token_logprobs
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -97,24 +97,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
             raise ValueError(f"sft config.{field}={value!r} is invalid; allowed: {allowed}")
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """AdamW(b1, b2, wd) on a (warmup +) cosine schedule to 0 at `num_steps`, after a
-    global-norm clip. Equal settings return the same object (so the jitted step, which
-    takes the optimiser as a static argument, compiles once per setting)."""
-    return _optimizer(float(config.learning_rate), int(config.warmup_steps),
-                      int(config.num_steps), float(config.b1), float(config.b2),
-                      float(config.weight_decay), float(config.grad_clip))
-
-
-@functools.lru_cache(maxsize=32)
-def _optimizer(lr, warmup, steps, b1, b2, wd, clip) -> optax.GradientTransformation:
-    if warmup > 0:
-        schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, steps, 0.0)
-    else:
-        schedule = optax.cosine_decay_schedule(lr, steps)
-    parts = [optax.clip_by_global_norm(clip)] if clip > 0 else []
-    parts.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=wd))
-    return optax.chain(*parts)
+def optimizer_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The SFT run's `sera_jax.optim` block: AdamW(b1, b2, wd) on a (warmup +) cosine
+    schedule to 0 at `num_steps`, after a global-norm clip. `optim.make_optimizer` returns
+    the same object for equal settings, so the jitted step (which takes the optimiser as a
+    static argument) compiles once per setting."""
+    return optim.get_config(
+        name="adamw", learning_rate=float(config.learning_rate), schedule="cosine",
+        warmup_steps=int(config.warmup_steps), b1=float(config.b1), b2=float(config.b2),
+        weight_decay=float(config.weight_decay), grad_clip=float(config.grad_clip))
 
 
 def make_batch(prompts: Sequence[np.ndarray], answers: Sequence[np.ndarray], width: int,
@@ -201,7 +192,7 @@ class SFTProgram:
                              f"the mesh's {shd.batch_divisor(self.mesh)} batch shards")
         self.model = shd.shard_model(model, self.mesh)
         self.graphdef, params = nnx.split(self.model)
-        self.tx = make_optimizer(config)
+        self.tx = optim.make_optimizer(optimizer_config(config), int(config.num_steps))
         self.param_shardings = shd.state_shardings(params, self.mesh)
         # Optimiser moments follow their parameter's sharding; counters are replicated.
         self.opt_shardings = optax.tree_map_params(

@@ -16,7 +16,6 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from sera_jax import allocation as al
 from sera_jax.allocation import (
     ALLOCATORS,
     Allocation,
@@ -28,6 +27,8 @@ from sera_jax.allocation import (
     uniform,
     waterline,
 )
+from sera_jax.allocation._engine import _core
+from sera_jax.allocation._waterline import _A_MAX, _A_MIN
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from published_numpy import allocate_published  # noqa: E402
@@ -64,7 +65,7 @@ def kappa_np(p, n, shift=1):
 def level_np(p, n, shift=1):
     """log(N - s) + log λ with the allocator's clamp: κ is increasing in it."""
     with np.errstate(divide="ignore"):
-        a = np.clip(np.log(-np.log1p(-p)), al._A_MIN, al._A_MAX)
+        a = np.clip(np.log(-np.log1p(-p)), _A_MIN, _A_MAX)
     return np.log(np.maximum(n - shift, 1)) + a
 
 
@@ -106,8 +107,7 @@ def check_exchange(p, counts, n_min, n_max, shift=1):
 
 @SETTINGS
 @given(instances(), st.sampled_from([("dynamic", "leximin"), ("dynamic", "paper"),
-                                     ("equalized", "leximin"), ("equalized", "paper"),
-                                     ("uniform", "leximin")]))
+                                     ("equalized", "leximin"), ("equalized", "paper")]))
 def test_allocate_contract(inst, mode_rounding):
     p, budget, n_min, n_max = inst
     mode, rounding = mode_rounding
@@ -116,8 +116,6 @@ def test_allocate_contract(inst, mode_rounding):
     counts = np.asarray(alloc.counts)
     if mode != "dynamic":
         assert np.all(counts > 0)
-    if mode == "uniform":
-        assert counts.max() - counts.min() <= 1
     # Diagnostics agree with a float64 recomputation.
     act = counts > 0
     kap = kappa_np(p32(p)[act], counts[act])
@@ -235,7 +233,7 @@ def test_leximin_brute_force_all_small_instances():
         pad[i, : len(p)] = p
     cols = [np.array([c[k] for c in cases], np.int32) for k in (1, 2, 3)]
     nums = np.array([len(c[0]) for c in cases], np.int32)
-    core = functools.partial(al._core, threshold=np.float32(0.05), alpha=None, beta=None,
+    core = functools.partial(_core, threshold=np.float32(0.05), alpha=None, beta=None,
                              rule="equalized", rounding="leximin", shift=1, unseen="fill")
     run = jax.jit(jax.vmap(lambda p, n, b, lo, hi: core(p, n, b, lo, hi).counts))
     counts = np.asarray(run(jnp.asarray(pad), nums, *cols))
@@ -401,6 +399,12 @@ def test_uniform_and_registry():
         get_allocator("sera2")
 
 
+def test_sera_has_no_uniform_mode():
+    """B/P each is the uniform allocator's job alone; the old mode names its new home."""
+    with pytest.raises(ValueError, match="'uniform' allocator"):
+        allocate(np.full(4, 0.5), 16, n_min=2, n_max=8, mode="uniform")
+
+
 # --------------------------------------------------------------------------- numerics, jit
 
 
@@ -427,8 +431,8 @@ def test_numerical_extremes_float64():
 
 def test_allocate_under_jit_and_is_pytree():
     p = jnp.array([0.1, 0.4, 0.9, 0.02])
-    eager = allocate(p, 40, n_min=2, n_max=20, mode="uniform")
-    jitted = jax.jit(lambda q: allocate(q, 40, n_min=2, n_max=20, mode="uniform"))(p)
+    eager = allocate(p, 40, n_min=2, n_max=20, mode="equalized")
+    jitted = jax.jit(lambda q: allocate(q, 40, n_min=2, n_max=20, mode="equalized"))(p)
     assert isinstance(jitted, Allocation)
     for x, y in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -450,7 +454,7 @@ def test_million_prompts():
 
 INT32_MAX = 2**31 - 1
 RULES = [("sera", dict(mode=m, rounding=r)) for m in ("dynamic", "equalized")
-         for r in ("leximin", "paper")] + [("sera", dict(mode="uniform"))] + [
+         for r in ("leximin", "paper")] + [
     (name, {}) for name in ("uniform", "inverse_p", "knapsack", "hit_utility")]
 RULE_IDS = [f"{n}-{'-'.join(o.values())}" if o else n for n, o in RULES]
 P8 = np.array([0.0, 1e-12, 1e-6, 0.02, 0.3, 0.5, 0.97, 1.0])

@@ -1,4 +1,4 @@
-"""The allocation demo end to end: the absl binary on a small batch."""
+"""The allocation demo end to end: the binary on a small batch, and its input checks."""
 
 import re
 import subprocess
@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_demo_writes_table_and_plot(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "experiments.allocation_demo", f"--workdir={tmp_path}",
-         "--num_prompts=24", "--n0=8", "--n_max=32", "--rows=6"],
+         "--config.rl.prompts_per_step=24", "--config.rl.rollouts_per_prompt=8",
+         "--config.rl.allocation.n_max=32", "--config.rows=6"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -41,8 +42,11 @@ def test_demo_writes_table_and_plot(tmp_path):
 
 
 def test_demo_refuses_bad_input_in_one_line(tmp_path):
-    for args, match in ((["--n0=1"], "n0"), (["--methods=uniform,serra"], "did you mean 'sera'"),
-                        (["--num_prompts=0"], "num_prompts")):
+    for args, match in ((["--config.rl.rollouts_per_prompt=1"], "rl.rollouts_per_prompt"),
+                        (["--config.compare.methods=('uniform','serra')"], "did you mean 'sera'"),
+                        (["--config.compare.methods=('sera_sequential',)"], "one-shot"),
+                        (["--config.rl.prompts_per_step=0"], "rl.prompts_per_step"),
+                        (["--config.num_prompts=8"], "no field 'num_prompts'")):
         out = subprocess.run([sys.executable, "-m", "experiments.allocation_demo",
                               f"--workdir={tmp_path}", *args], cwd=ROOT, capture_output=True,
                              text=True, timeout=300)

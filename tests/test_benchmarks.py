@@ -68,6 +68,8 @@ def _section_rows(report: str, side: str) -> dict[str, list[str]]:
     return rows
 
 
+# Slow: a benchmark script end to end (minutes of compiles); `make test-slow` runs it in CI.
+@pytest.mark.slow
 def test_rl_step_bench_jax_side(rl_step_report):
     """The sera_jax side (Trainer.step, uniform and SERA) runs on both tasks and reports
     positive times and a breakdown; torch or not."""
@@ -84,6 +86,7 @@ def test_rl_step_bench_jax_side(rl_step_report):
     assert "Scoring vs sampling" in report
 
 
+@pytest.mark.slow
 def test_rl_step_bench_torch_side(rl_step_report):
     """The PyTorch step runs next to it, with the same model (log-probs agree)."""
     pytest.importorskip("torch", reason="torch is not installed: the PyTorch side of "
@@ -109,6 +112,7 @@ def test_rl_step_bench_torch_side(rl_step_report):
     assert len(diffs) == len(rows) and all(float(d) < 1e-4 for d in diffs), report
 
 
+@pytest.mark.slow
 def test_rl_step_bench_isolated_sides_merge_into_one_table(tmp_path):
     """--isolate_sides: each framework in its own process, one merged table in which every
     sera_jax row has its speed-up against the PyTorch row of its variant."""
@@ -130,6 +134,7 @@ def test_rl_step_bench_isolated_sides_merge_into_one_table(tmp_path):
     assert "x PyTorch uniform (packed_shared) (wall)" in report
 
 
+@pytest.mark.slow
 def test_rl_step_bench_paired_rollouts_give_both_sides_the_same_batch(tmp_path):
     """--pair_rollouts runs in one process and with each framework in its own (the
     rollouts handed over in a file): the PyTorch side's step k takes the sera_jax uniform
@@ -169,6 +174,7 @@ def _number(cell: str) -> float:
     return float(cell.replace(",", ""))
 
 
+@pytest.mark.slow
 def test_accelerator_check_smoke_has_every_row_with_finite_numbers(tmp_path):
     report_path = tmp_path / "accelerator_check.json"
     out = subprocess.run(
@@ -204,6 +210,7 @@ def _bench(name, *args):
                           timeout=600).stdout
 
 
+@pytest.mark.slow
 def test_precision_bench_runs():
     out = _bench("precision_bench.py", "--small", "--batch=8", "--prompt_len=10",
                  "--new_tokens=4", "--train_rows=8", "--repeats=1")  # 8 test devices
@@ -215,6 +222,7 @@ def test_checkpoint_bench_runs():
     assert "| sync |" in out and "| async |" in out, out
 
 
+@pytest.mark.slow
 def test_decoder_compile_bench_smoke():
     """Unrolled vs scanned layers at smoke size: every program compiles and runs in both
     layouts and the layouts agree (the `check` column)."""

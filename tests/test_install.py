@@ -61,8 +61,9 @@ def installed(tmp_path_factory) -> tuple[str, str, str]:
     env_dir = tmp / "venv"
     venv.create(env_dir, with_pip=False)
     py = str(env_dir / "bin" / "python")
-    purelib = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
+    purelib = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True).stdout.strip()
     with open(os.path.join(purelib, "deps_from_dev_env.pth"), "w") as f:
         f.write("\n".join(p for p in site.getsitepackages() if os.path.isdir(p)) + "\n")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
@@ -114,7 +115,8 @@ def test_a_notebook_runs_from_the_wheel(installed, tmp_path):
               "nb = nbformat.read(os.path.join(root, 'notebooks', 'allocation_lab.ipynb'), 4)\n"
               "NotebookClient(nb, timeout=600, kernel_name='python3',\n"
               "               resources={'metadata': {'path': cwd}}).execute()\n"
-              "outs = [o for c in nb.cells if c.cell_type == 'code' for o in c.get('outputs', [])]\n"
+              "outs = [o for c in nb.cells if c.cell_type == 'code'\n"
+              "        for o in c.get('outputs', [])]\n"
               "print(json.dumps(outs))\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(SERA_NOTEBOOK_SMOKE="1", JAX_PLATFORMS="cpu", SERA_JAX_REPO=util.ROOT)

@@ -270,9 +270,10 @@ def test_async_checkpoint_options_are_validated_resumable_and_never_fingerprinte
             validate(config)
     assert "rl.async_checkpoint" in trainer_lib.RESUMABLE
     assert "sft.async_checkpoint" in sft.RESUMABLE
-    on = small_config(async_checkpoint=True)
-    assert rl_config.fingerprint(on) == rl_config.fingerprint(small_config())
-    assert "async_checkpoint" not in rl_config.fingerprint(on)
+    on, off = small_config(async_checkpoint=True), small_config()
+    assert (rl_config.fingerprint(on, rl_config.method(on))
+            == rl_config.fingerprint(off, rl_config.method(off)))
+    assert "async_checkpoint" not in rl_config.fingerprint(on, rl_config.method(on))
     config = sft.get_config()
     config.async_checkpoint = True
     assert "async_checkpoint" not in sft.config_fingerprint(config)
@@ -318,3 +319,229 @@ def test_nonfinite_message_names_what_failed(tmp_path, loss, grad_norm, message)
         loop.run(_FailingProgram(loss, grad_norm), str(tmp_path), fingerprint={"a": 1},
                  resumable=(), schedule=schedule)
     assert os.path.join(str(tmp_path), "checkpoints", "1") in str(err.value)
+
+
+# ------------------------------------------------------- issue 24: rough edges of the loop
+
+
+class _CountingProgram:
+    """A finite program: w += 1 per step (fast; no compile)."""
+
+    def init_state(self):
+        return {"w": jnp.zeros(2)}
+
+    def abstract_state(self, state):
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+
+    def step(self, state, step):
+        return {"w": state["w"] + 1}, {"loss": float(step), "finite": 1.0}
+
+    def position(self, state):
+        return {}
+
+
+def _count_run(run_dir, num_steps, stop_after=None, checkpoint_every=1):
+    return loop.run(_CountingProgram(), str(run_dir), fingerprint={"a": 1}, resumable=(),
+                    schedule=loop.Schedule(num_steps=num_steps,
+                                           checkpoint_every=checkpoint_every),
+                    stop_after=stop_after)
+
+
+@pytest.mark.parametrize("damage", ["deleted", "emptied", "lost_a_step", "lost_the_first"])
+def test_resume_without_the_records_up_to_the_checkpoint_is_refused(tmp_path, damage):
+    """Records up to the checkpoint are not in the checkpoint: a resume whose train.jsonl
+    lacks any of them is refused (naming the file and the fix), nothing is changed, and the
+    run resumes once the file is back."""
+    _count_run(tmp_path, 5, stop_after=3)
+    path = tmp_path / loop.TRAIN_RECORDS
+    good = path.read_text()
+    config, steps = (tmp_path / "config.json").read_text(), [1, 2, 3]
+    if damage == "deleted":
+        path.unlink()
+    else:
+        keep = {"emptied": [], "lost_a_step": [1, 3], "lost_the_first": [2, 3]}[damage]
+        lines = good.splitlines(keepends=True)
+        path.write_text("".join(lines[s - 1] for s in keep))
+    damaged = path.read_text() if path.exists() else None
+    with pytest.raises(CheckpointError, match=r"refusing to resume .* step-3 checkpoint: .*"
+                       r"train\.jsonl (does not exist|lacks).*Put the file back") as err:
+        _count_run(tmp_path, 5)
+    assert "\n" not in str(err.value)
+    assert (path.read_text() if path.exists() else None) == damaged  # nothing rewritten
+    assert (tmp_path / "config.json").read_text() == config
+    with Checkpointer(tmp_path / "checkpoints") as ckpt:
+        assert ckpt.all_steps() == steps
+    path.write_text(good)  # put back: the resume goes on
+    assert _count_run(tmp_path, 5).resumed_from == 3
+    assert [r["step"] for r in read_jsonl(str(path))] == [1, 2, 3, 4, 5]
+
+
+def test_resume_with_records_beyond_the_checkpoint_is_still_accepted(tmp_path):
+    _count_run(tmp_path, 4, stop_after=3, checkpoint_every=2)  # checkpoint 2, records 1..3
+    result = _count_run(tmp_path, 4, checkpoint_every=2)
+    assert result.resumed_from == 2
+    assert [r["step"] for r in read_jsonl(str(tmp_path / loop.TRAIN_RECORDS))] == [1, 2, 3, 4]
+
+
+def test_nonfinite_stop_without_a_checkpoint_does_not_promise_one(tmp_path):
+    schedule = loop.Schedule(num_steps=3, checkpoint_every=0)  # no checkpoint before the end
+    with pytest.raises(loop.NonFiniteError) as err:
+        loop.run(_FailingProgram(float("nan"), 1.0), str(tmp_path), fingerprint={"a": 1},
+                 resumable=(), schedule=schedule)
+    message = str(err.value)
+    assert "there is no checkpoint yet" in message
+    assert "resumes from that checkpoint" not in message
+    assert "starts again from step 0" in message
+
+
+def _fill(directory):
+    """Write a filler file until the filesystem of `directory` is full (real ENOSPC)."""
+    import errno
+
+    with open(os.path.join(directory, "filler"), "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 32 MiB tmpfs (root only; skipped where `mount` is not permitted)."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount)],
+                          capture_output=True)
+    if done.returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root): "
+                    + done.stderr.decode(errors="replace").strip())
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_real_full_disk_during_an_rl_save_is_one_checkpoint_error(small_filesystem,
+                                                                   monkeypatch):
+    """A real tmpfs fills up before step 2's save: Orbax's write fails with ENOSPC and so
+    does the TensorBoard writer's final flush; the error raised is the CheckpointError (the
+    writer's is only logged), step 1 survives and the run resumes once space is back."""
+    run_dir = small_filesystem / "run"
+    task = EmitTask({"train": 6, "eval": 2})
+    config = small_config(num_steps=3, checkpoint_every=1)
+    real_save = Checkpointer.save
+
+    def save(self, step, *args, **kwargs):
+        if step == 2:
+            _fill(small_filesystem)
+        return real_save(self, step, *args, **kwargs)
+
+    closes = []
+    real_close = loop.MetricWriter.close
+
+    def close(self):
+        try:
+            real_close(self)
+        except OSError as e:  # the writer fails for real (its buffered events)
+            closes.append(e)
+            raise
+
+    monkeypatch.setattr(Checkpointer, "save", save)
+    monkeypatch.setattr(loop.MetricWriter, "close", close)
+    with pytest.raises(CheckpointError, match="disk is full"):
+        rl_run(config, task, tiny_model(seed=3), run_dir)
+    assert closes and "No space left" in str(closes[0])  # it failed, and did not replace it
+    monkeypatch.undo()
+    os.remove(small_filesystem / "filler")
+    with Checkpointer(run_dir / "checkpoints") as ckpt:
+        assert ckpt.all_steps() == [1]
+    resumed = rl_run(config, task, tiny_model(seed=3), run_dir)
+    assert (resumed.resumed_from, resumed.step) == (1, 3)
+
+
+def test_a_writer_that_really_fails_on_close_does_not_replace_the_error(tmp_path,
+                                                                         monkeypatch):
+    """Without root (no tmpfs): the writer's close writes to /dev/full (a real ENOSPC from
+    the kernel); the step's own error is the one raised."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+
+    def close(self):
+        with open("/dev/full", "w") as f:
+            f.write("events")  # flushed on exit: OSError(ENOSPC)
+
+    monkeypatch.setattr(loop.MetricWriter, "close", close)
+    with pytest.raises(loop.NonFiniteError, match="step 2 was not applied"):
+        loop.run(_FailingProgram(float("nan"), 1.0), str(tmp_path), fingerprint={"a": 1},
+                 resumable=(), schedule=loop.Schedule(num_steps=3, checkpoint_every=1))
+    with pytest.raises(OSError, match="No space left"):  # a clean run still reports it
+        _count_run(tmp_path / "clean", 1)
+
+
+_QUIET_SCRIPT = """
+import sys
+from absl import app
+from sera_jax import loop
+from tests.test_loop import _count_run
+
+def main(argv):
+    _count_run(sys.argv[-1], 2)
+    print("done")
+
+app.run(main)
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_loop_run_is_quiet_unless_verbose(tmp_path, verbose):
+    """Under absl's app.run (as every binary): no Orbax / JAX INFO lines by default, the
+    loop's progress lines stay; `--verbosity=1` brings the library lines back."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    args = ["--verbosity=1"] if verbose else []
+    out = subprocess.run([sys.executable, "-c", _QUIET_SCRIPT, *args, str(tmp_path / "run")],
+                         cwd=root, env={**os.environ, "PYTHONPATH": root},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr[-3000:]
+    orbax = [line for line in out.stderr.splitlines() if "checkpoint_manager.py" in line
+             or "orbax" in line.lower()]
+    assert any("loop.py" in line and "step 1 |" in line for line in out.stderr.splitlines())
+    if verbose:
+        assert len(orbax) > 5
+    else:
+        assert orbax == [], orbax[:5]
+        assert len(out.stderr.splitlines()) <= 5, out.stderr
+
+
+def test_a_record_write_that_fails_for_real_is_one_error_and_the_run_resumes(tmp_path):
+    """train.jsonl on /dev/full (a real ENOSPC from the kernel) at step 3: one
+    RecordWriteError (a CheckpointError: one line in every binary) naming the file, the
+    step and the fix; the step-2 checkpoint resumes once the file is writable again."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    path = tmp_path / loop.TRAIN_RECORDS
+
+    class Program(_CountingProgram):
+        def step(self, state, step):
+            if step == 2:  # the record of step 3 goes to a full device
+                good = path.read_text()
+                path.unlink()
+                path.symlink_to("/dev/full")
+                self.good = good
+            return super().step(state, step)
+
+    program = Program()
+    with pytest.raises(loop.RecordWriteError, match=r"cannot write the record of step 3 to "
+                       r".*train\.jsonl.*No space left.*free disk space") as err:
+        loop.run(program, str(tmp_path), fingerprint={"a": 1}, resumable=(),
+                 schedule=loop.Schedule(num_steps=4, checkpoint_every=1))
+    assert isinstance(err.value, CheckpointError) and err.value.__suppress_context__
+    path.unlink()
+    path.write_text(program.good)
+    assert _count_run(tmp_path, 4).resumed_from == 2
+    assert [r["step"] for r in read_jsonl(str(path))] == [1, 2, 3, 4]

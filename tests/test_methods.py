@@ -92,3 +92,39 @@ def test_per_call_inputs_and_the_expected_scale():
     np.testing.assert_allclose(got, want, rtol=1e-4)
     with pytest.raises(ValueError, match="pilot_successes"):
         seq.expected_scale(P, counts, n_min=2)
+
+
+def test_a_toy_allocator_added_in_one_file_allocates_exactly():
+    """`tests/toy_allocator.py` registers an allocator with one decorator (its option read
+    from its signature) and wraps it in a `Method`: it allocates the budget exactly, eagerly
+    and under jit + vmap, and refuses options it does not take."""
+    import jax
+    import jax.numpy as jnp
+
+    from sera_jax import objective
+    from tests import toy_allocator
+
+    name = toy_allocator.NAME
+    assert allocation.ALLOCATOR_OPTIONS[name] == ("unseen_p",)
+    toy = toy_allocator.TOY
+    p = P.copy()
+    p[2] = np.nan  # unseen: counts as p = 0.5
+    a = toy.allocate(p, 8 * 6, n_min=2, n_max=12)
+    counts = np.asarray(a.counts)
+    assert counts.sum() == 48 and counts.min() >= 2 and counts.max() <= 12
+    np.testing.assert_array_equal(counts, [12, 12, 4, 2, 2, 2, 12, 2])  # hardest first
+    np.testing.assert_allclose(np.asarray(a.weights), 6 / counts, rtol=1e-6)
+    batch = jnp.stack([jnp.asarray(P), jnp.asarray(P[::-1])])
+    plans = jax.jit(jax.vmap(lambda q: objective.plan_rollouts(toy, q, 48, n_min=2, n_max=12))
+                    )(batch)
+    np.testing.assert_array_equal(np.asarray(plans.counts).sum(axis=1), [48, 48])
+    with pytest.raises(ValueError, match=f"allocator '{name}' does not use"):
+        methods.Method("bad", "bad", name, {"mode": "dynamic"})
+
+
+def test_register_refuses_a_taken_name_and_a_foreign_signature():
+    with pytest.raises(ValueError, match="already registered"):
+        allocation.register("sera")(allocation.uniform)
+    with pytest.raises(TypeError, match=r"lacks the shared parameter\(s\) \['shift', 'unseen'\]"):
+        allocation.register("no_shift")(lambda p, budget, *, n_min, n_max: None)
+    assert "no_shift" not in allocation.ALLOCATORS

@@ -139,3 +139,22 @@ def test_analytic_pass_at_k_is_kappa_with_shift_zero():
     p = np.array([0.0, 1e-6, 0.01, 0.3, 0.9, 0.999, 1.0], np.float32)
     for k in (1, 2, 7, 128):
         np.testing.assert_allclose(analytic_pass_at_k(p, k), kappa(p, k, shift=0), rtol=1e-6)
+
+
+@pytest.mark.parametrize(("n", "c"), [([16, 16, 12], [0, 3]), ([16], [0, 3, 4]),
+                                      ([16, 16], [[1, 2]]), ([4, 4], [])])
+def test_pass_at_k_curve_refuses_n_and_c_of_different_lengths(n, c):
+    with pytest.raises(ValueError, match=r"one entry per prompt.*n of shape.*c of shape"):
+        pass_at_k_curve(n, c)
+
+
+def test_pass_at_k_curve_takes_a_scalar_n_for_every_prompt():
+    ks, curve = pass_at_k_curve(16, [0, 3, 16])
+    ks2, curve2 = pass_at_k_curve([16, 16, 16], [0, 3, 16])
+    np.testing.assert_array_equal(ks, ks2)
+    np.testing.assert_array_equal(curve, curve2)
+
+
+def test_pass_at_k_names_shapes_that_do_not_broadcast():
+    with pytest.raises(ValueError, match=r"shapes n \(3,\), c \(2,\), k \(\)"):
+        pass_at_k([4, 4, 4], [1, 2], 2)

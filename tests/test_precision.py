@@ -16,13 +16,8 @@ from flax import nnx
 
 from sera_jax import config_files, sampling
 from sera_jax.models.configs import MAZE_POLICY, dtype_from_name
-from sera_jax.models.decoder import (
-    Decoder,
-    init_cache,
-    positions_from_mask,
-    shared_prefix_logprobs,
-    token_logprobs,
-)
+from sera_jax.models.decoder import Decoder, init_cache, positions_from_mask
+from sera_jax.models.logprobs import shared_prefix_logprobs, token_logprobs
 from sera_jax.rl import config as rl_config
 from sera_jax.rl import trainer as trainer_lib
 from sera_jax.sampling import SamplingConfig, cache_length, generate, generate_with_cache
@@ -176,7 +171,7 @@ def _maze(name="tiny"):
 
 
 def _maze_validate(cfg):
-    maze_study.validate(cfg, common.parse_methods(cfg.compare.methods), [0])
+    maze_study.validate(cfg, common.method_names(cfg.compare.methods, "compare.methods"), [0])
 
 
 @pytest.mark.parametrize("field, value", [("model.dtype", "float16"),
@@ -200,12 +195,12 @@ def test_unknown_dtype_names_fail_with_one_clear_message(field, value):
 
 def test_math_study_validates_dtype_names():
     cfg = config_files.get_config(os.path.join(ROOT, "configs", "math", "cpu.py"))
-    mr.validate(cfg, ["sera"])
+    mr.validate(cfg)
     for field, value in (("dtype", "bf16"), ("param_dtype", "half")):
         bad = config_files.get_config(os.path.join(ROOT, "configs", "math", "cpu.py"))
         bad.model[field] = value
         with pytest.raises(common.StudyError, match=rf"config\.model\.{field}='{value}'"):
-            mr.validate(bad, ["sera"])
+            mr.validate(bad)
     cfg.eval.kv_cache_dtype = "bfloat16"
     assert mr.eval_sampling(cfg, type("T", (), dict(max_new_tokens=4, stop_ids=(), pad_id=0))
                             ).cache_dtype == "bfloat16"

@@ -16,8 +16,8 @@ from sera_jax.models.decoder import (
     convert_layout,
     init_cache,
     positions_from_mask,
-    token_logprobs,
 )
+from sera_jax.models.logprobs import token_logprobs
 from sera_jax.sampling import (
     TOP_P_PREFIX,
     SamplingConfig,

@@ -10,7 +10,8 @@ from flax import nnx
 from sera_jax import loop, sft
 from sera_jax import sharding as shd
 from sera_jax.checkpoint import CheckpointError
-from sera_jax.models.decoder import Decoder, DecoderConfig, token_logprobs
+from sera_jax.models.decoder import Decoder, DecoderConfig
+from sera_jax.models.logprobs import token_logprobs
 from sera_jax.records import read_jsonl
 from sera_jax.tasks import maze as M
 

@@ -62,10 +62,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.log_every = 1
     c.rl.mesh.data = -1
 
-    # The methods to run (names of sera_jax.methods.METHODS); `rl.method` is set per run.
+    # The methods and seeds to run (names of sera_jax.methods.METHODS); `rl.method` and
+    # `rl.seed` are set per run from them.
     c.rl.method = None
     c.compare = ml_collections.ConfigDict()
-    c.compare.methods = "sera"
+    c.compare.methods = ("sera",)
+    c.compare.seeds = (0,)
 
     c.eval = ml_collections.ConfigDict()
     c.eval.num_samples = 4  # pass@k for k = 1, 2, 4

@@ -67,7 +67,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.mesh.fsdp = 8
     c.rl.mesh.tensor = 1
 
-    c.compare.methods = "uniform,sera"
+    c.compare.methods = ("uniform", "sera")
 
     c.eval.num_samples = 256
     c.eval.num_prompts = 100_000

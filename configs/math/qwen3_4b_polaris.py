@@ -2,8 +2,8 @@
 
 Spec settings: 1000 steps, the Qwen prompt; the common MaxRL/SERA defaults (N0 16,
 n_min 2, n_max 64). Not fixed by the spec (our choice): lr 1e-6 and gradient clip 0.3 as
-for Qwen2.5-Math, 128 prompts per step, responses <= 4096 tokens, the evaluation set,
-the mesh (tensor parallel over 4 devices, ZeRO-3 over fsdp).
+for Qwen2.5-Math (configs/math/qwen25_math_1p5b.py), 128 prompts per step, responses <= 4096
+tokens, the evaluation set, the mesh (tensor parallel over 4 devices, ZeRO-3 over fsdp).
 
     python -m experiments.math_reasoning --config=configs/math/qwen3_4b_polaris.py \
         --workdir=... --config.model.path=/data/Qwen3-4B-Base \
@@ -17,22 +17,37 @@ import ml_collections
 from sera_jax import config_files
 
 # Config files are loaded by path, not as a package: extend the sibling by path too.
-qwen25 = config_files.sibling(__file__, "qwen25_math_1p5b.py")
+cpu = config_files.sibling(__file__, "cpu.py")
 
 
 def get_config() -> ml_collections.ConfigDict:
-    c = qwen25.get_config()
+    c = cpu.get_config()
     c.name = "qwen3_4b_polaris"
-    c.model.path = ""  # required: the Qwen3-4B-Base checkpoint directory
 
+    c.model.source = "hf"
+    c.model.path = ""  # required: the Qwen3-4B-Base checkpoint directory
+    c.model.param_dtype = "float32"
+    c.model.dtype = "bfloat16"
+
+    c.task.source = "files"
     c.task.train_path = ""  # required: POLARIS-53K
     c.task.eval_path = ""  # required
-    c.task.train_levels = None
+    c.task.format = "math"
     c.task.train_limit = 0  # all 53K problems
+    c.task.template = "qwen"
+    c.task.chat = True
     c.task.max_new_tokens = 4096
     c.task.max_prompt_len = 1024
 
     c.rl.num_steps = 1000
+    c.rl.prompts_per_step = 128
+    c.rl.rollouts_per_prompt = 16
+    c.rl.allocation.n_min = 2
+    c.rl.allocation.n_max = 64
+    c.rl.optimizer.learning_rate = 1e-6
+    c.rl.optimizer.grad_clip = 0.3
+    c.rl.sampling.temperature = 1.0
+    c.rl.sampling.batch_size = 256
     c.rl.micro_batch_size = 32
     # All-fail / all-success groups have A = 0: pack the live rows into the first micro-batches
     # so the rest is skipped (same gradient up to float summation order; docs/results_speed.md).
@@ -41,8 +56,17 @@ def get_config() -> ml_collections.ConfigDict:
     # rl.train_length_bucket stays 0 (not measured at this scale: with thousands of rollouts
     # a step's longest one is likely at max_new_tokens, and every width costs a compile).
     c.rl.skip_zero_advantage = True
-    c.rl.sampling.batch_size = 256
+    c.rl.checkpoint_every = 25
+    c.rl.log_every = 5
     c.rl.mesh.data = -1
     c.rl.mesh.fsdp = 4
     c.rl.mesh.tensor = 4
+
+    c.compare.methods = ("uniform", "sera")
+
+    c.eval.num_samples = 256
+    c.eval.num_prompts = 100_000
+    c.eval.temperature = 0.6
+    c.eval.top_p = 0.95
+    c.eval.batch_size = 1024
     return c

@@ -13,7 +13,7 @@ Weights and data come from user paths (nothing downloads):
         --config.model.path=/data/SmolLM2-360M-Instruct \
         --config.task.train_path=/data/gsm8k/train.jsonl \
         --config.task.eval_path=/data/gsm8k_platinum/test.parquet \
-        --config.compare.methods=uniform,sera
+        --config.compare.methods="('uniform', 'sera')"
 
 `model.path` is a Hugging Face directory (config.json, *.safetensors, tokenizer.json,
 tokenizer_config.json); the data files are GSM8K-style (`question`, `answer` with
@@ -72,7 +72,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.mesh.fsdp = 1
     c.rl.mesh.tensor = 1
 
-    c.compare.methods = "uniform,sera"
+    c.compare.methods = ("uniform", "sera")
 
     c.eval.num_samples = 256
     c.eval.num_prompts = 100_000  # the whole evaluation set

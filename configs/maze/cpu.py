@@ -1,12 +1,44 @@
-"""Maze SFT -> RL (uniform MaxRL vs SERA, 3 seeds each) -> eval, sized for 2 CPU cores.
+r"""The long-horizon maze default (issue 26): SFT, then 400 RL steps of uniform MaxRL, SERA
+and SERA + evidence cap (8 paired seeds each), the null control (2 seeds) and the A/A
+control (4 seeds), evaluated along the curve; sized for 2 idle CPU cores (not yet run).
 
-9x9 perfect mazes (94-token prompts, answers <= 32 tokens), a 2-layer width-128 policy of
-the spec's architecture family, a short SFT (300 x 32) to a weak-to-moderate policy, then 32
-RL steps of 8 prompts x N0 8 = 64 rollouts per method and seed (32 training mazes, so 4
-steps per epoch and SERA allocates from history from epoch 2 on), evaluated on 64 held-out
-mazes with 32 samples each. Sized for 2 *shared* CPU cores. Run with
+Why these numbers (`docs/results_maze.md`, "Long-horizon default"):
 
-    python -m experiments.maze --config=configs/maze/cpu.py --workdir=/tmp/maze_cpu
+* 256 training mazes (9x9), 128 held-out ones: enough prompts that RL on the training set can
+  move held-out mazes; P 32 x N0 8 = 256 rollouts a step, so an epoch is 8 steps and the
+  history p̂ is at most 8 steps old; 400 steps = 50 epochs, 102,400 rollouts per run.
+* SFT 120 x 32 (the 16-step default used 300): a weaker start, so held-out pass@64 has
+  headroom (the 16-step default's SFT had pass@128 = 98.4 %). The lr pilot below reports
+  SFT held-out pass@64; if it is above 90 %, lower sft.num_steps before the full run.
+* n_max 64 = 8·N0 (the regime map's tie), θ 0.05: the published SERA recipe; at these
+  settings a never-solved maze settles at F* = n_max/(1 − γ) = 256 failures and stays active
+  (the 0.1175 floor, docs/active_set_floor.md). `sera_evidence` caps the evidence without a
+  success at 64 = F*/4 (`sera_jax.allocation.evidence`): a never-solved maze then draws
+  rollouts one epoch in three (re-probed), a maze solved now and then stays.
+* lr: the *baseline's* best held-out pass@64 at the horizon among the lrs whose gate passes,
+  from the pilot grid {1e-5, 3e-5, 1e-4} (uniform and the null, 2 seeds each):
+
+      for lr in 1e-5 3e-5 1e-4; do python -m experiments.maze --config=configs/maze/cpu.py \
+          --workdir=workdir/maze_pilot_lr$lr --methods=uniform --seeds=0,1 \
+          --config.compare.aa=False --config.rl.optimizer.learning_rate=$lr; done
+
+  then read each `results/comparison.json`: curves.per_seed.uniform (held-out pass@64 over
+  the last 3 points) and gate.outcome. 3e-5 is a placeholder until the pilot has run.
+* The gradient-preserving speed options are on (micro-batches of 16 rows, zero-advantage
+  rows skipped, the prompt prefix shared, completions cut to 8-token buckets): the same
+  gradient as the plain path up to float summation order (tests/studies/maze).
+
+Analysis, fixed before the run (`compare.primary`, recorded in the workdir's
+preregistered.json at the first RL run): SERA − uniform on held-out pass@64, averaged over
+the last 3 evaluation points (steps 200, 300, 400), seed-level 95 % t interval; every other
+(method, split, k) endpoint is secondary, Holm-adjusted. Gate: uniform − null at held-out
+pass@1 over the same window, CI above 0 and mean > 2 × the evaluation noise floor.
+
+One command on 2 cores (one RL process per core; each run resumes where it stopped):
+
+    W=workdir/maze_long; M="python -m experiments.maze --config=configs/maze/cpu.py --workdir=$W"
+    $M --stage=sft && (taskset -c 0 $M --stage=rl --seeds=0,2,4,6 & \
+        taskset -c 1 $M --stage=rl --seeds=1,3,5,7 & wait) && $M --stage=eval
 """
 
 import ml_collections
@@ -17,12 +49,12 @@ from sera_jax.rl import config as rl_config
 
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.name = "maze_cpu"
+    c.name = "maze_cpu_long"
 
     c.task = ml_collections.ConfigDict()
     c.task.size = 9
-    c.task.num_train = 32  # RL prompts
-    c.task.num_eval = 64  # held-out mazes
+    c.task.num_train = 256  # RL prompts
+    c.task.num_eval = 128  # held-out mazes
     c.task.num_sft = 4000  # supervised shortest paths (disjoint from both)
     c.task.seed = 0
     c.task.max_new_tokens = 40  # >= the longest 9x9 answer (32)
@@ -33,58 +65,62 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.overrides = ml_collections.ConfigDict(dict(
         hidden_size=128, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2))
     c.model.seed = 0
-    # Compute dtype ('float32' | 'bfloat16'); parameters and AdamW state stay float32.
-    c.model.dtype = "float32"
-    # True: layers stacked and run by one scan (compiles once for any depth; on CPU it was
-    # not faster, see docs/results_speed.md).
+    c.model.dtype = "float32"  # compute dtype; parameters and AdamW state stay float32
     c.model.scan_layers = False
 
     c.sft = sft.get_config()
-    c.sft.num_steps = 300
+    c.sft.num_steps = 120  # a weaker start than the 16-step default's 300: coverage headroom
     c.sft.batch_size = 32
     c.sft.learning_rate = 2e-3
     c.sft.warmup_steps = 20
-    c.sft.log_every = 50
-    c.sft.checkpoint_every = 100
+    c.sft.log_every = 20
+    c.sft.checkpoint_every = 60
 
     c.rl = rl_config.get_config()
-    c.rl.num_steps = 16
-    c.rl.prompts_per_step = 32  # every training maze every step: p̂ is one step old
+    c.rl.num_steps = 400
+    c.rl.prompts_per_step = 32
     c.rl.rollouts_per_prompt = 8
-    # Rows per gradient micro-batch (0 = the whole budget at once). On a CPU,
-    # `--config.rl.micro_batch_size=16` keeps activations in cache (train step 6.2 vs 10.2
-    # CPU-s; the same loss to float rounding) -- not the default, so the measured runs in
-    # docs/results_maze.md stay reproducible under their fingerprint.
-    c.rl.micro_batch_size = 0
     c.rl.allocation.n_min = 2
     c.rl.allocation.n_max = 64
-    c.rl.optimizer.learning_rate = 1e-5  # 5e-5: the null control collapses (see docs)
-    c.rl.checkpoint_every = 8
-    c.rl.log_every = 4
+    c.rl.optimizer.learning_rate = 3e-5  # placeholder until the lr pilot (docstring) has run
+    # Gradient-preserving speed options (docs/results_speed.md; same gradient, tested).
+    c.rl.micro_batch_size = 16
+    c.rl.skip_zero_advantage = True
+    c.rl.share_prompt_prefix = True
+    c.rl.train_length_bucket = 8
+    c.rl.checkpoint_every = 50
+    c.rl.log_every = 20
     c.rl.mesh.data = -1
 
-    # The comparison sets `rl.method` per run from `compare.methods` (names of
-    # sera_jax.methods.METHODS); overrides of `rl.allocation.*` apply to every method.
+    # The comparison sets `rl.method` per run from `compare.methods`.
     c.rl.method = None
     c.compare = ml_collections.ConfigDict()
-    c.compare.methods = "uniform,sera"
-    c.compare.seeds = "0,1,2,3,4"
-    c.compare.baseline = "uniform"  # paired differences are method − baseline, seed by seed
-    c.compare.null = True  # the null control: uniform with rewards shuffled within a batch
-    c.compare.null_seeds = ""  # "" = compare.seeds
-    c.compare.bootstrap = 2000  # resamples of the paired bootstrap over mazes and seeds
+    c.compare.methods = ("uniform", "sera", "sera_evidence")
+    c.compare.seeds = (0, 1, 2, 3, 4, 5, 6, 7)
+    c.compare.baseline = "uniform"
+    c.compare.null = True  # uniform with rewards shuffled within each batch
+    c.compare.null_seeds = (0, 1)
+    c.compare.aa = True  # the A/A control: uniform again, RL seed + aa_seed_offset
+    c.compare.aa_seeds = (0, 1, 2, 3)
+    c.compare.aa_seed_offset = 1000
+    # The one primary endpoint (fixed before the run): method − baseline on `split` pass@k,
+    # averaged over the last `window` evaluation points.
+    c.compare.primary = ml_collections.ConfigDict(dict(method="sera", split="eval", k=64,
+                                                       window=3))
+    c.compare.gate_floor_multiple = 2.0  # gate: baseline − null > 2 x the noise floor
+    c.compare.bootstrap = 2000  # resamples of the final-point paired bootstrap
     c.compare.level = 0.95
     c.compare.bootstrap_seed = 0
 
     c.eval = ml_collections.ConfigDict()
-    c.eval.num_samples = 128  # final evaluation: pass@k for k = 1, 2, 4, ..., 128
-    c.eval.curve_samples = 128  # intermediate evaluations (pass@k vs training rollouts)
-    c.eval.every = 8  # RL steps between evaluations
-    c.eval.num_prompts = 64  # held-out mazes evaluated (<= task.num_eval)
-    c.eval.train_prompts = 32  # training mazes evaluated too: the true p behind realised κ
-    c.eval.batch_size = 2048  # sampler rows per call
+    c.eval.num_samples = 128  # pass@k for k = 1, 2, 4, ..., 128
+    c.eval.curve_samples = 128  # every point at the final size: one sample size throughout
+    c.eval.every = 100  # points 0, 100, 200, 300, 400
+    c.eval.num_prompts = 128  # held-out mazes evaluated
+    c.eval.train_prompts = 64  # training mazes 0..63 scored too: the true p behind realised κ
+    c.eval.batch_size = 2048
     c.eval.temperature = 1.0
-    c.eval.seed = 1234  # keys of evaluation point s: eval_key(seed, s, split), every policy
-    c.eval.noise_seed = 4321  # the second key set of the noise floor (SFT, final point)
-    c.eval.kv_cache_dtype = ""  # '' = model.dtype; 'bfloat16' halves the sampler's cache
+    c.eval.seed = 1234
+    c.eval.noise_seed = 4321
+    c.eval.kv_cache_dtype = ""
     return c

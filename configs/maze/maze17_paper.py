@@ -15,7 +15,7 @@ import ml_collections
 from sera_jax import config_files
 
 # Config files are loaded by path, not as a package: extend the sibling by path too.
-cpu = config_files.sibling(__file__, "cpu.py")
+cpu = config_files.sibling(__file__, "cpu_16step.py")
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -56,8 +56,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.checkpoint_every = 100
     c.rl.log_every = 10
 
-    c.compare.methods = "uniform,sera"
-    c.compare.seeds = "0,1,2"
+    c.compare.methods = ("uniform", "sera")
+    c.compare.seeds = (0, 1, 2)
 
     c.eval.num_samples = 2048
     c.eval.curve_samples = 256

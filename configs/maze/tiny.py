@@ -1,8 +1,9 @@
 """A seconds-long end-to-end maze run for tests: 5x5 mazes, a 1-layer width-32 policy,
-3 SFT steps and 3 RL steps of 2 prompts x N0 4 per method (8 rollouts: one per forced CPU
-device). The whole default pipeline of `cpu.py` at that size: uniform, SERA and the null
-control, the SFT start scored at every evaluation point with that point's keys, the noise
-floor and the paired bootstrap CIs (one seed by default; tests may pass more)."""
+3 SFT steps and 3 RL steps of 2 prompts x N0 8 per method (16 rollouts: two micro-batches
+of one row per forced CPU device). The whole default pipeline of `cpu.py` at that size: uniform, SERA, SERA + evidence
+cap, the null and the A/A controls (2 seeds each), the SFT start scored at every evaluation
+point with that point's keys, the noise floor, the curve statistics (Δ(t) bands, the
+primary endpoint, the gate, the A/A false-positive rate) and the speed options."""
 
 import ml_collections
 
@@ -29,9 +30,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.checkpoint_every = 0
     c.rl.num_steps = 3
     c.rl.prompts_per_step = 2
-    c.rl.rollouts_per_prompt = 4
+    c.rl.rollouts_per_prompt = 8
     c.rl.allocation.n_min = 2
-    c.rl.allocation.n_max = 6
+    c.rl.allocation.n_max = 14
+    c.rl.micro_batch_size = 8  # a multiple of the 8 forced CPU devices of the tests
+    c.rl.train_length_bucket = 4
     c.rl.checkpoint_every = 1
     c.rl.log_every = 1
     c.eval.num_samples = 8
@@ -40,6 +43,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.num_prompts = 1
     c.eval.train_prompts = 2
     c.eval.batch_size = 8
-    c.compare.seeds = "0"
+    c.compare.seeds = (0, 1)
+    c.compare.null_seeds = ()  # = compare.seeds
+    c.compare.aa_seeds = ()
+    c.compare.primary.k = 8  # <= eval.curve_samples
+    c.compare.primary.window = 2  # the points after step 0: 2 and 3
     c.compare.bootstrap = 200
     return c

@@ -61,12 +61,12 @@ Layout, one layer per module (each imports only the ones above it):
   dynamic active set; ``_peers``: the greedy on marginal gains of Knapsack-RL and HORA.
 * ``_engine``: the jitted ``_core`` shared by every allocator and the validation in front
   of it (``_prepare``, ``_run``); it defines the :class:`Allocation` pytree.
-* ``api``: the public functions and the registry, re-exported here.
+* ``api``: the public functions and the registry (``register``), re-exported here;
+  ``beyond``: the allocators beyond the paper, registered there too.
 """
 
-from sera_jax.allocation._engine import _core  # noqa: F401  (used by the tests)
-from sera_jax.allocation._waterline import _A_MAX, _A_MIN  # noqa: F401  (used by the tests)
-
-# The public API and its one `__all__` live in api.py.
+# The public API and its one `__all__` live in api.py; importing `beyond` registers its
+# allocators ("posterior", "sequential") in the same registry.
+from sera_jax.allocation import beyond  # noqa: F401
 from sera_jax.allocation.api import *  # noqa: F403
 from sera_jax.allocation.api import __all__  # noqa: F401

@@ -349,8 +349,26 @@ def _predict_k(a, w, seen, ukey, m_req, budget, n_min, n_max, shift):
     return k_safe, jnp.maximum(k_up, k_safe)
 
 
+def _saturation_score(ldeg: Array) -> Array:
+    """The ranking key of the dynamic active set (ascending = highest ``u(p, n_max)``
+    first), from ``ldeg = log(1 - u(p, n_max)) = log((1-p)^n + p^n)``.
+
+    [paper] ranks by u in float64, where u near 1 is quantised to ``1 - j·2**-53``: where
+    ``j >= 1`` the key is ``j = round(2**53 (1 - u))`` (its order and its ties, broken by
+    index, in any float width). Where u rounds to 1 (``j = 0``; for n_max = 65,536 most of
+    a batch) float64 keeps no order at all and ranking would fall back to index order; the
+    key there is ``ldeg`` itself (< log(2**-54) < 0, below every ``j >= 1``), which stays
+    distinct in log space: the published order wherever u is representable, the order of
+    the exact u beyond it.
+    """
+    x53 = jnp.exp(ldeg + 53 * np.log(2))
+    j = jnp.where(x53 < 2.0**24, jnp.round(x53), x53)
+    return jnp.where(j > 0, j, ldeg)
+
+
 def _dynamic(p, a, w, seen, budget, n_min, n_max, shift, rounding, threshold):
-    """[paper] dynamic active set: the largest feasible top-k by ``u(p, n_max)``.
+    """[paper] dynamic active set: the largest feasible top-k by ``u(p, n_max)``
+    (:func:`_saturation_score`: distinct even where u rounds to 1).
 
     The paper binary-searches k, allocating every candidate. Here the answer is predicted
     first (:func:`_predict_k`, no allocation) and then verified by allocating k and k + 1;
@@ -362,11 +380,7 @@ def _dynamic(p, a, w, seen, budget, n_min, n_max, shift, rounding, threshold):
     log_deg = lambda n: jnp.logaddexp(n * l1p, n * lp)  # log(1 - u(p, n)), see scaling
     ldeg = jnp.where(seen, log_deg(n_max.astype(a.dtype)), 0.0)
     n_elig = _sum((seen & (ldeg <= lthr)).astype(jnp.int32))
-    # [paper] ranks by u in float64, where u near 1 is quantised to 1 - j·2**-53 (u == 1
-    # once 1 - u < 2**-54): prompts in one quantum tie and keep their index order. Ranking
-    # by round(2**53 (1 - u)) reproduces that order in any float width.
-    x53 = jnp.exp(ldeg + 53 * np.log(2))
-    score = jnp.where(x53 < 2.0**24, jnp.round(x53), x53)
+    score = _saturation_score(ldeg)
     k_lo = budget // n_max + (budget % n_max > 0)  # ceil(B / n_max); B + n_max can wrap
     k_hi = jnp.maximum(n_elig, k_lo)
 

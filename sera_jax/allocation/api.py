@@ -1,11 +1,23 @@
 """The public allocators (layer 4 of ``sera_jax.allocation``): ``waterline``, ``allocate``
-(SERA), the peers ``uniform``, ``inverse_p``, ``knapsack``, ``hit_utility`` and their
-registry ``ALLOCATORS``. Import them from ``sera_jax.allocation``.
+(SERA), the peers ``uniform``, ``inverse_p``, ``knapsack``, ``hit_utility`` and the one
+registry. Import them from ``sera_jax.allocation``.
+
+Adding an allocator is one decorated function (plus a line in ``sera_jax.methods.METHODS``
+to compare it as a method)::
+
+    @register("my_rule")
+    def my_rule(p, budget, *, n_min, n_max, shift=1, unseen="fill", temperature=1.0):
+        ...  # -> Allocation
+
+Its options are the keyword parameters beyond the shared ``(p, budget, *, n_min, n_max,
+shift, unseen)`` -- here ``temperature`` -- read from the signature, so they are declared
+once; ``ALLOCATORS`` and ``ALLOCATOR_OPTIONS`` are filled by ``register`` only.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -14,25 +26,95 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from sera_jax.allocation._engine import Allocation, _is_traced, _prepare, _run, _waterline_core
-from sera_jax.allocation.beyond import posterior, sequential
+from sera_jax.allocation._engine import (
+    Allocation,
+    _is_traced,
+    _prepare,
+    _run,
+    _waterline_core,
+    diagnostics,
+)
 
 __all__ = [
     "ALLOCATORS",
     "ALLOCATOR_OPTIONS",
     "Allocation",
     "allocate",
+    "allocation_from_counts",
     "check_options",
     "get_allocator",
     "hit_utility",
     "inverse_p",
     "knapsack",
+    "register",
     "uniform",
     "waterline",
 ]
 
-_MODES = ("dynamic", "equalized", "uniform")
+_MODES = ("dynamic", "equalized")
 _ROUNDINGS = ("leximin", "paper")
+#: SERA's former mode="uniform" is the uniform allocator.
+_UNIFORM_HINT = {"uniform": " (B/P each is the 'uniform' allocator: method 'uniform')"}
+
+
+#: Every allocator as ``f(p, budget, *, n_min, n_max, shift=1, unseen="fill", **options)``,
+#: refusing options it does not use; filled by ``register`` only. Compared *methods* (an
+#: allocator with options, multiplicity and estimator) are in ``sera_jax.methods``.
+ALLOCATORS: dict[str, Callable[..., Allocation]] = {}
+#: The options each registered allocator takes besides the shared ones (from its signature;
+#: filled by ``register`` with ``ALLOCATORS``).
+ALLOCATOR_OPTIONS: dict[str, tuple[str, ...]] = {}
+#: The parameters every allocator takes.
+SHARED_PARAMETERS = ("p", "budget", "n_min", "n_max", "shift", "unseen")
+
+
+def register(name: str) -> Callable[[Callable[..., Allocation]], Callable[..., Allocation]]:
+    """Decorator: register ``fn`` as allocator ``name`` in ``ALLOCATORS`` (behind the one
+    signature, refusing unused options: ``check_options``) with its options, the keyword
+    parameters of ``fn`` beyond ``SHARED_PARAMETERS``, in ``ALLOCATOR_OPTIONS``. Returns
+    ``fn`` unchanged. Raises TypeError when ``fn`` lacks a shared parameter and ValueError
+    when ``name`` is taken."""
+
+    def decorate(fn: Callable[..., Allocation]) -> Callable[..., Allocation]:
+        params = inspect.signature(fn).parameters
+        missing = [k for k in SHARED_PARAMETERS if k not in params]
+        if missing:
+            raise TypeError(f"allocator {name!r} ({fn.__qualname__}) lacks the shared "
+                            f"parameter(s) {missing}; every allocator takes "
+                            f"(p, budget, *, n_min, n_max, shift=1, unseen='fill', ...)")
+        if name in ALLOCATORS:
+            raise ValueError(f"allocator {name!r} is already registered; choose another name")
+        ALLOCATOR_OPTIONS[name] = tuple(
+            k for k, v in params.items()
+            if k not in SHARED_PARAMETERS and v.kind is inspect.Parameter.KEYWORD_ONLY)
+        ALLOCATORS[name] = _registered(name, fn)
+        return fn
+
+    return decorate
+
+
+def _registered(name: str, fn: Callable[..., Allocation]) -> Callable[..., Allocation]:
+    """``fn`` behind the one allocator signature, refusing options it does not use."""
+
+    @functools.wraps(fn)
+    def allocator(p: ArrayLike, budget: int, *, n_min: int, n_max: int, shift: int = 1,
+                  unseen: str = "fill", **options: Any) -> Allocation:
+        check_options(name, options)
+        return fn(p, budget, n_min=n_min, n_max=n_max, shift=shift, unseen=unseen, **options)
+
+    return allocator
+
+
+def allocation_from_counts(p: ArrayLike, counts: ArrayLike, budget: int, *, n_min: int,
+                           n_max: int, shift: int = 1) -> Allocation:
+    """The ``Allocation`` of integer ``counts`` [P] (summing to ``budget``) chosen by a new
+    rule: weights ``N0/N_q`` on active prompts (``N0 = B/P``), κ diagnostics over the active
+    prompts with a known p (NaN = unseen), no waterline (τ* NaN). Traceable."""
+    p = jnp.asarray(p, jnp.result_type(float))
+    counts = jnp.asarray(counts, jnp.int32)
+    return diagnostics(p, counts > 0, ~jnp.isnan(p), counts, jnp.asarray(budget, jnp.int32),
+                       jnp.asarray(p.shape[0], jnp.int32), jnp.asarray(n_min, jnp.int32),
+                       jnp.asarray(n_max, jnp.int32), shift, None)
 
 
 def waterline(
@@ -51,6 +133,7 @@ def waterline(
     return tau, kstar, cont[:num]
 
 
+@register("sera")
 def allocate(
     p: ArrayLike,
     budget: int,
@@ -71,7 +154,8 @@ def allocate(
       n_min, n_max: bounds for an active prompt (``n_min >= shift + 1``).
       mode: ``"dynamic"`` [paper default] top-k prompts by ``u(p, n_max)`` with the largest
         k such that every active prompt keeps ``u(p, N_q) >= threshold``; the rest get 0.
-        ``"equalized"``: every prompt active. ``"uniform"``: ``B/P`` each (plain MaxRL).
+        ``"equalized"``: every prompt active. (Plain MaxRL's ``B/P`` each is the
+        ``uniform`` allocator.)
       rounding: ``"leximin"`` exact leximin-optimal integers (no single rollout moved
         between two prompts within bounds raises the smaller of their κ);
         ``"paper"``: floor + the published smallest-squared-error rounding.
@@ -82,19 +166,21 @@ def allocate(
         the whole batch uniform; ``"error"``: NaN raises ValueError.
     """
     if mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}{_UNIFORM_HINT.get(mode, '')}")
     if rounding not in _ROUNDINGS:
         raise ValueError(f"rounding must be one of {_ROUNDINGS}, got {rounding!r}")
     return _run(mode, p, budget, n_min=n_min, n_max=n_max, shift=shift, unseen=unseen,
                 rounding=rounding, threshold=threshold)
 
 
+@register("uniform")
 def uniform(p: ArrayLike, budget: int, *, n_min: int, n_max: int, shift: int = 1,
             unseen: str = "fill") -> Allocation:
     """Plain MaxRL: ``floor(B/P)`` rollouts each, one more for the first ``B mod P`` prompts."""
     return _run("uniform", p, budget, n_min=n_min, n_max=n_max, shift=shift, unseen=unseen)
 
 
+@register("inverse_p")
 def inverse_p(p: ArrayLike, budget: int, *, n_min: int, n_max: int, shift: int = 1,
               unseen: str = "fill") -> Allocation:
     """Reinforce-Ada-Est (code version): ``n_q = 1 + (B - P)(1/p_q) / Σ_j 1/p_j``.
@@ -108,6 +194,7 @@ def inverse_p(p: ArrayLike, budget: int, *, n_min: int, n_max: int, shift: int =
     return _run("inverse_p", p, budget, n_min=n_min, n_max=n_max, shift=shift, unseen=unseen)
 
 
+@register("knapsack")
 def knapsack(p: ArrayLike, budget: int, *, n_min: int, n_max: int, shift: int = 1,
              unseen: str = "fill") -> Allocation:
     """Knapsack-RL: maximise ``Σ_q V(N_q, p_q)``, ``V = [1 - p^N - (1-p)^N] p (1-p)^2``.
@@ -120,6 +207,7 @@ def knapsack(p: ArrayLike, budget: int, *, n_min: int, n_max: int, shift: int = 
     return _run("knapsack", p, budget, n_min=n_min, n_max=n_max, shift=shift, unseen=unseen)
 
 
+@register("hit_utility")
 def hit_utility(
     p: ArrayLike, budget: int, *, n_min: int, n_max: int, shift: int = 1, unseen: str = "fill",
     alpha: ArrayLike | None = None, beta: ArrayLike | None = None, pseudo_count: float = 4.0,
@@ -151,21 +239,6 @@ def hit_utility(
                 alpha=alpha, beta=beta)
 
 
-#: Options each registered allocator takes besides the shared
-#: ``(p, budget, *, n_min, n_max, shift, unseen)``.
-ALLOCATOR_OPTIONS: dict[str, tuple[str, ...]] = {
-    "sera": ("mode", "rounding", "threshold"),
-    "uniform": (),
-    "inverse_p": (),
-    "knapsack": (),
-    "hit_utility": ("alpha", "beta", "pseudo_count"),
-    # Beyond the paper (sera_jax.allocation.beyond).
-    "posterior": ("alpha", "beta", "pseudo_count"),
-    "sequential": ("pilot_successes", "pilot", "alpha", "beta", "pseudo_count", "rounding",
-                   "second_stage"),
-}
-
-
 def check_options(name: str, options: Any) -> None:
     """Raise ValueError unless ``name`` is a registered allocator that uses every option.
 
@@ -182,7 +255,9 @@ def check_options(name: str, options: Any) -> None:
     choices = {"mode": _MODES, "rounding": _ROUNDINGS}
     for key, allowed in choices.items():
         if key in options and options[key] not in allowed:
-            raise ValueError(f"allocator {name!r}: {key}={options[key]!r}; allowed: {allowed}")
+            hint = _UNIFORM_HINT.get(options[key], "") if key == "mode" else ""
+            raise ValueError(f"allocator {name!r}: {key}={options[key]!r}; allowed: "
+                             f"{allowed}{hint}")
     if "threshold" in options and options.get("mode", "dynamic") != "dynamic":
         raise ValueError(f"allocator {name!r}: threshold is used only by mode='dynamic', not "
                          f"mode={options['mode']!r}; remove it")
@@ -190,32 +265,6 @@ def check_options(name: str, options: Any) -> None:
         t = options["threshold"]
         if isinstance(t, bool) or not isinstance(t, int | float) or not 0.0 <= float(t) <= 1.0:
             raise ValueError(f"allocator {name!r}: threshold={t!r}; allowed: a number in [0, 1]")
-
-
-def _registered(name: str, fn: Callable[..., Allocation]) -> Callable[..., Allocation]:
-    """``fn`` behind the one allocator signature, refusing options it does not use."""
-
-    @functools.wraps(fn)
-    def allocator(p: ArrayLike, budget: int, *, n_min: int, n_max: int, shift: int = 1,
-                  unseen: str = "fill", **options: Any) -> Allocation:
-        check_options(name, options)
-        return fn(p, budget, n_min=n_min, n_max=n_max, shift=shift, unseen=unseen, **options)
-
-    return allocator
-
-
-#: Every allocator as ``f(p, budget, *, n_min, n_max, shift=1, unseen="fill", **options)``;
-#: the options each takes are ``ALLOCATOR_OPTIONS[name]``. Compared *methods* (an allocator
-#: with options, multiplicity and estimator) are in ``sera_jax.methods``.
-ALLOCATORS: dict[str, Callable[..., Allocation]] = {
-    "sera": _registered("sera", allocate),
-    "uniform": _registered("uniform", uniform),
-    "inverse_p": _registered("inverse_p", inverse_p),
-    "knapsack": _registered("knapsack", knapsack),
-    "hit_utility": _registered("hit_utility", hit_utility),
-    "posterior": _registered("posterior", posterior),
-    "sequential": _registered("sequential", sequential),
-}
 
 
 def get_allocator(name: str) -> Callable[..., Allocation]:

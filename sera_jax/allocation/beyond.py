@@ -77,6 +77,7 @@ from sera_jax.allocation._engine import (
     diagnostics,
 )
 from sera_jax.allocation._peers import _greedy_units
+from sera_jax.allocation.api import register
 
 __all__ = ["TWO_STAGE", "conditional_scale", "expected_kappa", "pilot_size", "posterior",
            "sequential"]
@@ -185,6 +186,7 @@ def _diagnostics(p, act, known, counts, budget, num, n_min, n_max, shift) -> All
     return diagnostics(p, act, known, counts, budget, num, n_min, n_max, shift, None)
 
 
+@register("posterior")
 def posterior(
     p: ArrayLike, budget: int, *, n_min: int, n_max: int, shift: int = 1, unseen: str = "fill",
     alpha: ArrayLike | None = None, beta: ArrayLike | None = None, pseudo_count: float = 4.0,
@@ -208,6 +210,7 @@ def posterior(
     return _trim(_posterior_core(p_pad, pad(a), pad(b), n, bud, lo, hi, shift=shift), num)
 
 
+@register("sequential")
 def sequential(
     p: ArrayLike, budget: int, *, n_min: int, n_max: int, shift: int = 1, unseen: str = "fill",
     pilot_successes: ArrayLike | None = None, pilot: int | None = None,

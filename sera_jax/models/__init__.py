@@ -7,8 +7,8 @@ from sera_jax.models.decoder import (
     convert_layout,
     init_cache,
     positions_from_mask,
-    token_logprobs,
 )
+from sera_jax.models.logprobs import shared_prefix_logprobs, token_logprobs
 
 __all__ = [
     "Decoder",
@@ -17,5 +17,6 @@ __all__ = [
     "convert_layout",
     "init_cache",
     "positions_from_mask",
+    "shared_prefix_logprobs",
     "token_logprobs",
 ]

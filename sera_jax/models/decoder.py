@@ -44,27 +44,36 @@ measured here.)
 (`LOGICAL_AXIS_NAMES`) to mesh axes by `sharding.LOGICAL_RULES`. Under `jax.set_mesh(mesh)`
 the residual stream is constrained to batch rows split over `sharding.BATCH_AXES` (hidden
 dimension replicated); without a mesh context that constraint is a no-op.
+
+The parameter-free parts (RoPE, attention kernels, cache slot helpers, sharding
+constraints) are in `sera_jax.models.attention`; per-token log-probs of a forward
+(`token_logprobs`, `shared_prefix_logprobs`) in `sera_jax.models.logprobs`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from sera_jax import sharding
+from sera_jax.models.attention import (
+    MASK_VALUE,
+    apply_rope,
+    attend,
+    causal_attention,
+    constrain,
+    constrain_batch,
+    layer_buffer,
+    rope_tables,
+    store_new_slots,
+)
 
 #: Every logical axis name used in parameter `out_sharding` metadata.
 LOGICAL_AXIS_NAMES = ("vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp", "norm",
                       "layers")
-
-# Finite "minus infinity": a query whose every key is masked (a pad row) gets a uniform,
-# finite softmax instead of NaN; its output is ignored downstream.
-_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,48 +215,6 @@ def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
     return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
-def _context_mesh():
-    """The current mesh (`jax.set_mesh`) when it has the `sharding.MESH_AXES`, else None."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not set(sharding.MESH_AXES) <= set(mesh.axis_names):
-        return None
-    return mesh
-
-
-def constrain(x: jax.Array, logical: tuple[str | None, ...]) -> jax.Array:
-    """`with_sharding_constraint` of x to logical axes `logical` under a mesh context.
-
-    Only when the current mesh (`jax.set_mesh`) has the `sharding.MESH_AXES`; the spec is
-    `sharding.logical_to_spec(logical, x.shape, mesh)` (axes that do not divide a dimension
-    are dropped). Without a mesh x is returned unchanged, so single-device code is unaffected.
-    """
-    mesh = _context_mesh()
-    if mesh is None:
-        return x
-    spec = sharding.logical_to_spec(logical, x.shape, mesh)
-    return jax.lax.with_sharding_constraint(x, spec)
-
-
-def batch_shards(batch: int) -> int:
-    """How many shards `constrain_batch` splits a batch of `batch` rows into (1 without a mesh)."""
-    mesh = _context_mesh()
-    if mesh is None:
-        return 1
-    (axes,) = sharding.logical_to_spec(("batch",), (batch,), mesh)
-    axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
-    return math.prod(mesh.shape[a] for a in axes)
-
-
-def constrain_batch(x: jax.Array) -> jax.Array:
-    """Activations [B, ...]: rows split over `sharding.BATCH_AXES`, the rest replicated.
-
-    Why: with parameters sharded over `fsdp` along `embed`, GSPMD otherwise propagates a
-    hidden dimension split over `fsdp` into the activations and then has to fully
-    rematerialise them to reach the batch-split layout. No-op without a mesh context.
-    """
-    return constrain(x, ("batch",) + (None,) * (x.ndim - 1))
-
-
 def _param(rngs: nnx.Rngs, shape, names, cfg: DecoderConfig, init: str = "normal") -> nnx.Param:
     if init == "normal":
         value = cfg.initializer_range * jax.random.normal(rngs.params(), shape, cfg.param_dtype)
@@ -271,138 +238,6 @@ class RMSNorm(nnx.Module):
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         # HF casts back to the input dtype before multiplying by the weight.
         return self.scale[...].astype(dtype) * x32.astype(dtype)
-
-
-def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """cos, sin [B, T, 1, Dh] (float32) of angles `pos * theta^(-2i/Dh)`, repeated over halves."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
-    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-    return jnp.cos(angles), jnp.sin(angles)
-
-
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """HF rotate_half rotary embedding: `x * cos + rotate_half(x) * sin`, x: [B, T, H, Dh]."""
-    x32 = x.astype(jnp.float32)
-    x1, x2 = jnp.split(x32, 2, axis=-1)
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (x32 * cos + rotated * sin).astype(x.dtype)
-
-
-#: Query block of the causal prefill / training attention (see `causal_attention`).
-_QUERY_BLOCK = 128
-#: Float32 score bytes per batch shard that one step of `causal_attention` materialises.
-_SCORE_BLOCK_BYTES = 2 << 20
-
-
-def _attend(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:
-    """Softmax attention of q [B, T, Hkv, G, Dh] (already scaled) over keys [B, Hkv, Dh, S]
-    and values [B, Hkv, S, Dh] with mask bool [B, T, S]; float32 [B, T, Hkv, G, Dh].
-
-    The normalisation is applied to the output (T x Dh values) instead of the probabilities
-    (T x S): one pass less over the largest array.
-    """
-    dtype = q.dtype
-    upcast = dtype != jnp.float32 and jax.default_backend() == "cpu"
-    if upcast:
-        # XLA:CPU has no batched bf16 x bf16 -> f32 dot ("Unsupported element type for
-        # DotThunk", jax 0.10): upcast the bf16 operands there (exact, and the same float32
-        # accumulation; no bf16 speed to lose).
-        q, keys, values = (x.astype(jnp.float32) for x in (q, keys, values))
-    scores = jnp.einsum("btkgd,bkds->bkgts", q, keys, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
-    weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
-    total = jnp.sum(weights, axis=-1)  # [B, Hkv, G, T]
-    # The probabilities are rounded to the compute dtype as on an accelerator, so the CPU's
-    # bf16 numerics match the bf16 program's, upcast or not.
-    weights = weights.astype(dtype)
-    if upcast:
-        weights = weights.astype(jnp.float32)
-    out = jnp.einsum("bkgts,bksd->btkgd", weights, values, preferred_element_type=jnp.float32)
-    return out / jnp.transpose(total, (0, 3, 1, 2))[..., None]
-
-
-def map_row_chunks(fn: Any, args: tuple[jax.Array, ...], row_cost: int, budget: int) -> Any:
-    """`fn` applied to row chunks of the [B, ...] arrays `args`, outputs merged back to [B, ...].
-
-    A chunk holds the largest number of rows r per batch shard (`batch_shards(B)`) that
-    divides the shard's rows with `r * row_cost <= budget` (at least 1), and one `lax.map`
-    step takes r rows from *every* shard, so the map never moves rows between devices.
-    `fn` maps a tuple of [rows, ...] arrays to a pytree of [rows, ...] arrays; the rows of a
-    chunk must not interact. Why: a CPU keeps a chunk's intermediates in cache instead of
-    streaming batch-sized arrays through memory once per elementwise pass. On other
-    backends the whole batch is one chunk: an accelerator wants all rows at once.
-    """
-    if jax.default_backend() != "cpu":
-        return fn(args)
-    b = args[0].shape[0]
-    shards = batch_shards(b)
-    per_shard = b // shards
-    rows = max(r for r in range(1, per_shard + 1)
-               if per_shard % r == 0 and (r == 1 or r * row_cost <= budget))
-    steps = per_shard // rows
-    if steps == 1:
-        return fn(args)
-
-    def split(x):  # [B, ...] -> [steps, shards * rows, ...]
-        x = x.reshape(shards, steps, rows, *x.shape[1:])
-        x = jnp.moveaxis(x, 1, 0).reshape(steps, shards * rows, *x.shape[3:])
-        return constrain(x, (None, "batch") + (None,) * (x.ndim - 2))
-
-    def merge(x):
-        x = x.reshape(steps, shards, rows, *x.shape[2:])
-        return constrain_batch(jnp.moveaxis(x, 0, 1).reshape(b, *x.shape[3:]))
-
-    return jax.tree.map(merge, jax.lax.map(fn, tuple(split(x) for x in args)))
-
-
-def causal_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Attention where the T queries are the T key slots (a fresh prefill, the training forward).
-
-    q [B, T, Hkv, G, Dh] (already scaled), k and v [B, T, Hkv, Dh] as projected, mask bool
-    [B, T, T]. Returns the float32 output [B, T, Hkv, G, Dh] and k, v in the cache layouts
-    (keys [B, Hkv, Dh, T], values [B, Hkv, T, Dh]).
-
-    Two things keep the [T, T] scores cheap on a CPU: query block [c0, c1) attends to keys
-    [0, c1) only (causal; a third less score work at T = 310), and the batch goes through
-    `map_row_chunks` a few rows at a time, so a chunk's scores (at most `_SCORE_BLOCK_BYTES`
-    per batch shard) and its layout transposes stay in cache (0.62x the time of the
-    whole-batch version for the maze policy at batch 64, measured on one core).
-    """
-    _, t, hkv, g, _ = q.shape
-    blocks = [(c0, min(c0 + _QUERY_BLOCK, t)) for c0 in range(0, t, _QUERY_BLOCK)]
-
-    def attend_rows(args):
-        q, k, v, mask = args
-        k = jnp.transpose(k, (0, 2, 3, 1))
-        v = jnp.transpose(v, (0, 2, 1, 3))
-        out = jnp.concatenate([
-            _attend(q[:, c0:c1], k[..., :c1], v[:, :, :c1], mask[:, c0:c1, :c1])
-            for c0, c1 in blocks], axis=1)
-        return out, k, v
-
-    row_bytes = hkv * g * min(t, _QUERY_BLOCK) * t * 4
-    return map_row_chunks(attend_rows, (q, k, v, mask), row_bytes, _SCORE_BLOCK_BYTES)
-
-
-def _layer_buffer(buf: jax.Array, layer: Any) -> jax.Array:
-    """Layer `layer`'s [B, Hkv, ...] buffer of a stacked [B, L, Hkv, ...] cache."""
-    return jax.lax.dynamic_index_in_dim(buf, layer, axis=1, keepdims=False)
-
-
-def _store_new_slots(buf: jax.Array, new: jax.Array, index: jax.Array, slot_axis: int
-                     ) -> jax.Array:
-    """A stacked cache buffer [B, L, Hkv, ...] with the layer scan's new slots `new`
-    [L, B, Hkv, ...] (T slots along `slot_axis` of `buf`) written at slot `index`; a `new`
-    that fills every slot (a fresh prefill) replaces the buffer."""
-    new = jnp.moveaxis(new, 0, 1).astype(buf.dtype)
-    if new.shape == buf.shape:
-        return new
-    starts = [0] * buf.ndim
-    starts[slot_axis] = index
-    return jax.lax.dynamic_update_slice(buf, new, starts)
 
 
 class Attention(nnx.Module):
@@ -487,7 +322,7 @@ class Attention(nnx.Module):
         else:
             k_buf, v_buf = cache_kv
             if layer is not None:  # this layer's buffers of the (read-only) stack
-                k_buf, v_buf = _layer_buffer(k_buf, layer), _layer_buffer(v_buf, layer)
+                k_buf, v_buf = layer_buffer(k_buf, layer), layer_buffer(v_buf, layer)
             k_new, v_new = k.astype(k_buf.dtype), v.astype(v_buf.dtype)
             if layer is not None and k_new.shape[-1] == 1:  # one new token (T, not queries)
                 # The stack's layer slice with the new slot selected in: one elementwise
@@ -508,12 +343,12 @@ class Attention(nnx.Module):
             # 24 vs 17 ms per batch-64 decode step on CPU.)
             q1 = q[:, 0].astype(jnp.float32)  # [B, Hkv, G, Dh]
             scores = jnp.sum(q1[..., None] * keys[:, :, None].astype(jnp.float32), axis=3)
-            scores = jnp.where(mask[:, 0][:, None, None, :], scores, _MASK_VALUE)  # [B,K,G,S]
+            scores = jnp.where(mask[:, 0][:, None, None, :], scores, MASK_VALUE)  # [B,K,G,S]
             probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
             out = jnp.sum(probs[..., None] * values[:, :, None], axis=3)  # [B, Hkv, G, Dh]
             out = out.reshape(b, 1, h, dh)
         else:
-            out = _attend(q, keys, values, mask).astype(x.dtype).reshape(b, t, h, dh)
+            out = attend(q, keys, values, mask).astype(x.dtype).reshape(b, t, h, dh)
         return self._output(out), cache_kv
 
     def _output(self, out: jax.Array) -> jax.Array:
@@ -720,112 +555,8 @@ class Decoder(nnx.Module):
         if cache is None:
             return x, None
         k_new, v_new = new
-        return x, (_store_new_slots(cache.k, k_new, index, 4),
-                   _store_new_slots(cache.v, v_new, index, 3))
-
-
-def token_logprobs(
-    model: Decoder,
-    tokens: jax.Array,
-    attention_mask: jax.Array,
-    positions: jax.Array | None = None,
-    start: int = 0,
-) -> jax.Array:
-    """Per-token log-likelihood aligned with `tokens`.
-
-    out[b, t] = log p(tokens[b, t] | tokens[b, :t]), from one full forward (no cache);
-    out[:, 0] = 0 (nothing predicts the first token) and positions where `attention_mask`
-    is False are 0. Positions default to `positions_from_mask(attention_mask)` (left
-    padding). Returns float32 [B, T].
-
-    `start` (a static int, 0 <= start <= T): return only `out[:, start:]` ([B, T - start]);
-    the vocabulary head and its log-sum-exp then run only at the T - start positions that
-    predict those tokens (a trainer needs the completion's log-probs, not the prompt's).
-    """
-    b, t = tokens.shape
-    if not 0 <= start <= t:
-        raise ValueError(f"token_logprobs: start={start} must be in [0, T={t}]")
-    if positions is None:
-        positions = positions_from_mask(attention_mask)
-    first = max(start, 1)  # the first predicted token
-    if first >= t:
-        return jnp.zeros((b, t - start), jnp.float32)
-    logits, _ = model(tokens, positions, attention_mask=attention_mask,
-                      logits_from=first - 1)
-    logits = logits[:, :-1]  # [B, T - first, V]: predictions of tokens[:, first:]
-    targets = tokens[:, first:]
-    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    lp = picked - jax.nn.logsumexp(logits, axis=-1)
-    lp = jnp.where(attention_mask[:, first:], lp, 0.0)
-    if start == 0:  # nothing predicts token 0
-        lp = jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
-    return lp
-
-
-def shared_prefix_logprobs(
-    model: Decoder,
-    prefix_tokens: jax.Array,
-    prefix_mask: jax.Array,
-    row_prefix: jax.Array,
-    completion_tokens: jax.Array,
-    completion_mask: jax.Array,
-) -> jax.Array:
-    """Completion log-probs of rows that share prompts, each prompt's forward computed once.
-
-    Row r continues prompt `row_prefix[r]` of the S left-padded prompts `prefix_tokens` /
-    `prefix_mask` [S, W]. Returns float32 [R, T] equal (up to float summation order) to
-    `token_logprobs(model, concat(prefix[row_prefix], completion), mask, start=W)`:
-    out[r, t] = log p(completion[r, t] | prompt, completion[r, :t]), 0 where
-    `completion_mask` is False.
-
-    How: one forward over the S prompts fills a W-slot KV cache and gives each prompt's
-    last-position logits (the prediction of completion token 0); the cache rows are
-    gathered to the R rows and the first T - 1 completion tokens run as one cached block
-    (queries attend to the prompt's slots and causally to each other), whose logits
-    predict tokens 1..T-1. Gradients reach the prompt forward through the gather (summed
-    over the rows of a prompt). A training batch of R rows over S << R prompts then runs
-    S·W + R·T tokens through the network instead of R·(W + T). Memory: the block's
-    attention scores are one [R, H, T - 1, W + T - 1] float32 array (not query-blocked).
-    """
-    s, w = prefix_tokens.shape
-    r, t = completion_tokens.shape
-    cfg = model.cfg
-    prefix_mask = prefix_mask.astype(bool)
-    completion_mask = completion_mask.astype(bool)
-    cache = init_cache(cfg, s, w, dtype=cfg.dtype)
-    # `last_only` (the last layer's attention output and MLP for the last token alone) is
-    # an inference path under `scan_layers` (it indexes the stacked weights per layer, which
-    # a backward pass would turn into L full-size gradient updates): scanned models run
-    # every query and take the head at the last position.
-    scan = cfg.scan_layers
-    last_logits, cache = model(prefix_tokens, positions_from_mask(prefix_mask), cache=cache,
-                               attention_mask=prefix_mask, last_only=not scan,
-                               logits_from=w - 1 if scan else 0)
-    logits = jnp.take(last_logits[:, 0], row_prefix, axis=0)[:, None]  # [R, 1, V]
-    if t > 1:
-        # RoPE positions continue each prompt's real tokens, exactly as
-        # `positions_from_mask` numbers the concatenated row.
-        start = jnp.sum(prefix_mask, axis=1, dtype=jnp.int32)[row_prefix]
-        positions = jnp.maximum(
-            start[:, None] + jnp.cumsum(completion_mask.astype(jnp.int32), axis=1) - 1, 0)
-        grow = t - 1  # slots for the completion block (its last token predicts nothing)
-
-        def rows(x, slot_axis):
-            x = jnp.take(x, row_prefix, axis=0)
-            pad = [(0, 0)] * x.ndim
-            pad[slot_axis] = (0, grow)
-            return jnp.pad(x, pad)
-
-        rows_cache = KVCache(
-            k=jax.tree.map(lambda x: rows(x, x.ndim - 1), cache.k),
-            v=jax.tree.map(lambda x: rows(x, x.ndim - 2), cache.v),
-            valid=rows(cache.valid, 1), index=jnp.asarray(w, jnp.int32))
-        block_logits, _ = model(completion_tokens[:, :-1], positions[:, :-1],
-                                cache=rows_cache, attention_mask=completion_mask[:, :-1])
-        logits = jnp.concatenate([logits, block_logits], axis=1)  # [R, T, V]
-    picked = jnp.take_along_axis(logits, completion_tokens[..., None], axis=-1)[..., 0]
-    lp = picked - jax.nn.logsumexp(logits, axis=-1)
-    return jnp.where(completion_mask, lp, 0.0)
+        return x, (store_new_slots(cache.k, k_new, index, 4),
+                   store_new_slots(cache.v, v_new, index, 3))
 
 
 def count_params(model: nnx.Module) -> int:

@@ -45,6 +45,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from sera_jax import sharding as shd
+from sera_jax.models import checksums
 from sera_jax.models.configs import from_hf_config, to_hf_config
 from sera_jax.models.decoder import Decoder, DecoderConfig, stacked_layer_path
 
@@ -389,8 +390,13 @@ def load_hf_checkpoint(
     `cfg` defaults to `load_hf_config(path, **overrides)` (pass e.g. `param_dtype=jnp.bfloat16`
     through `overrides`). With `mesh`, each parameter lands directly on the NamedSharding its
     logical axes map to under `rules`. Raises FileNotFoundError for a missing config or
-    weights, ValueError for an unsupported architecture, missing/unexpected tensors or a
-    shape mismatch.
+    weights, ValueError for an unsupported architecture, missing/unexpected tensors, a
+    shape mismatch, NaN / Inf, or a file that does not match its checksum.
+
+    Integrity: each weight file is checked against its SHA-256 where one exists (a
+    `<file>.sha256` sidecar, or the hub cache's blob name; `sera_jax.models.checksums`).
+    Safetensors and the index carry no checksum: without one, a flipped data byte that
+    stays finite is NOT detected (only NaN / Inf are).
     """
     path = os.fspath(path)
     if not os.path.isdir(path):
@@ -404,6 +410,8 @@ def load_hf_checkpoint(
     elif overrides:
         cfg = cfg.replace(**overrides)
     index = _safetensors_index(path)
+    for file in sorted(set(index.values())):
+        checksums.verify_file(file)  # where a checksum exists; see the docstring
     table = _param_table(cfg)
     used = {hf for hf, *_ in table}
     unexpected = sorted(
@@ -509,7 +517,11 @@ def _gguf_value(reader, key: str, default: Any = None) -> Any:
 
 def open_gguf(source):
     """A `gguf.GGUFReader` for a path (a reader passes through; parsing a large vocabulary
-    takes seconds, so callers that need model and tokenizer share one)."""
+    takes seconds, so callers that need model and tokenizer share one).
+
+    GGUF has no checksum: a `<file>.sha256` sidecar or a hub-cache blob name is verified
+    (`sera_jax.models.checksums`); without one a flipped data byte that stays finite is
+    not detected (NaN / Inf are, by `load_gguf`)."""
     import gguf  # imported lazily: only GGUF users need it
 
     if isinstance(source, gguf.GGUFReader):
@@ -521,6 +533,7 @@ def open_gguf(source):
     fix = "Fix: re-download it (compare its size / sha256 with the source's) or re-convert it"
     if size == 0:
         raise ValueError(f"{path}: the GGUF file is empty (0 bytes). {fix}")
+    checksums.verify_file(path)
     try:
         return gguf.GGUFReader(path)
     except Exception as e:  # noqa: BLE001 -- IndexError / reshape ValueError / KeyError ...

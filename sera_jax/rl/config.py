@@ -9,15 +9,15 @@ on the host before anything is compiled and raises ValueError naming the field.
 
 from __future__ import annotations
 
-import math
-
 import ml_collections
 from ml_collections.config_dict import placeholder
 
 from sera_jax import methods as methods_lib
+from sera_jax import optim
 from sera_jax.estimators import AGGREGATIONS
 from sera_jax.loop import trim_fields
 from sera_jax.models.configs import CACHE_DTYPE_HELP, CACHE_DTYPE_NAMES
+from sera_jax.validation import check, is_bool, is_int, is_number
 
 UNSEEN_POLICIES = ("fill", "fallback")
 
@@ -47,7 +47,7 @@ def get_config() -> ml_collections.ConfigDict:
     # 'fallback' = the whole batch falls back to uniform N0 [paper].
     c.allocation.unseen = "fill"
     c.allocation.name = placeholder(str)  # allocator (sera_jax.allocation.ALLOCATORS)
-    c.allocation.mode = placeholder(str)  # sera: 'dynamic' | 'equalized' | 'uniform'
+    c.allocation.mode = placeholder(str)  # sera: 'dynamic' | 'equalized'
     c.allocation.rounding = placeholder(str)  # sera: 'leximin' | 'paper'
     c.allocation.threshold = placeholder(float)  # sera dynamic active set: u(p, N) >= θ
     c.allocation.multiplicity = placeholder(bool)  # w_q = N0 / N_q (False: w_q = 1)
@@ -68,14 +68,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.history.beta = 0.5
     c.history.gamma = 0.75
 
-    # Optimiser: AdamW, constant learning rate, global-norm clip; one update per step.
-    c.optimizer = ml_collections.ConfigDict()
-    c.optimizer.learning_rate = 1e-4
-    c.optimizer.b1 = 0.9
-    c.optimizer.b2 = 0.999
-    c.optimizer.eps = 1e-8
-    c.optimizer.weight_decay = 0.01
-    c.optimizer.grad_clip = 1.0
+    # Optimiser (`sera_jax.optim`): AdamW, constant learning rate, global-norm clip 1.0; one
+    # update per step. A constant schedule, so a resumed run may extend num_steps.
+    c.optimizer = optim.get_config()
     # Gradient accumulation: rows per micro-batch (static); 0 = the whole budget at once.
     c.micro_batch_size = 0
     # Micro-batches whose rows all have w_r A_r = 0 are always skipped (they add exactly 0).
@@ -90,7 +85,7 @@ def get_config() -> ml_collections.ConfigDict:
     # after every row's last token, so the loss is unchanged up to float rounding.
     c.train_length_bucket = 0
     # True: the train step runs each prompt's forward once per micro-batch and its N_q
-    # completions against that prompt's KV cache (`decoder.shared_prefix_logprobs`), instead
+    # completions against that prompt's KV cache (`logprobs.shared_prefix_logprobs`), instead
     # of one prompt + completion forward per row; micro-batches are then contiguous row
     # blocks (so they hold few prompts). Same loss and gradient up to float summation order.
     c.share_prompt_prefix = False
@@ -132,28 +127,40 @@ FINGERPRINT_OMIT = ("async_checkpoint",)
 #: Fields left out of fingerprints while at these defaults: they were added after runs were
 #: started, and at the default they change nothing, so those runs keep their fingerprints.
 FINGERPRINT_DEFAULTS = {"sampling.kv_cache_dtype": "", "skip_zero_advantage": False,
-                        "train_length_bucket": 0, "share_prompt_prefix": False}
+                        "train_length_bucket": 0, "share_prompt_prefix": False,
+                        **{f"optimizer.{k}": optim.DEFAULTS[k] for k in (
+                            "name", "schedule", "warmup_steps", "momentum",
+                            "weight_decay_mask")}}
 
 
-def fingerprint(config: ml_collections.ConfigDict) -> dict:
-    """`config` as the JSON dict that identifies a run (what `loop.run` compares on resume
-    and cached evaluations are keyed by): `to_dict()` without `FINGERPRINT_OMIT` and the
-    `FINGERPRINT_DEFAULTS` fields at their default."""
-    return trim_fields(config.to_dict(), FINGERPRINT_OMIT, FINGERPRINT_DEFAULTS)
+#: Method options the fingerprint keeps in the `allocation` block (where runs recorded them
+#: before the method was passed as a `Method`); any other option goes to
+#: `allocation.options`, present only when not empty.
+_LEGACY_OPTIONS = ("mode", "rounding", "threshold")
 
 
-def _check(cond: bool, field: str, value, allowed: str) -> None:
-    if not cond:
-        raise ValueError(f"config.{field}={value!r} is invalid; allowed: {allowed}")
-
-
-def _number(x) -> bool:
-    """A real finite number (bools are not numbers here: `True` is no learning rate)."""
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+def fingerprint(config: ml_collections.ConfigDict, method: methods_lib.Method) -> dict:
+    """The JSON dict that identifies a run of `method` with `config` (what `loop.run`
+    compares on resume and cached evaluations are keyed by): `config.to_dict()` with the
+    resolved method recorded in it (`method` = its name, `allocation.name` = its allocator,
+    `allocation.{mode,rounding,threshold}` = its options, `allocation.multiplicity`,
+    `estimator`; its other options under `allocation.options`), without `FINGERPRINT_OMIT`
+    and the `FINGERPRINT_DEFAULTS` fields at their default. The same dict as runs recorded
+    when the resolved method was written into their config, so their fingerprints hold.
+    `config` itself is not changed."""
+    d = config.to_dict()
+    m = method.to_dict()
+    a = d["allocation"]
+    d["method"], a["name"] = m["name"], m["allocator"]
+    for key in _LEGACY_OPTIONS:
+        a[key] = m["options"].get(key, a.get(key))
+    extra = {k: v for k, v in m["options"].items() if k not in _LEGACY_OPTIONS}
+    if extra:
+        a["options"] = extra
+    if m.get("dynamic_sampling"):
+        d["dynamic_sampling"] = True
+    a["multiplicity"], d["estimator"] = m["multiplicity"], m["estimator"]
+    return trim_fields(d, FINGERPRINT_OMIT, FINGERPRINT_DEFAULTS)
 
 
 def method_overrides(config: ml_collections.ConfigDict) -> dict:
@@ -165,117 +172,125 @@ def method_overrides(config: ml_collections.ConfigDict) -> dict:
 
 
 def method(config: ml_collections.ConfigDict) -> methods_lib.Method:
-    """The run's method: `config.method`'s preset with the config's overrides applied."""
+    """The run's method, resolved once: `config.method`'s preset with the config's
+    overrides (`allocation.*`, `estimator`) applied. ValueError naming the fields when it
+    does not resolve or is one the LM trainer cannot run (`check_trainable`)."""
     if config.method is None:
         raise ValueError("config.method is not set; choose one of "
                          f"{sorted(methods_lib.METHODS)}")
-    return methods_lib.resolve(config.method, method_overrides(config))
-
-
-def with_method(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
-    """A copy of `config` for method `name` with every method field resolved.
-
-    The returned config states what the run does (allocator, its options, multiplicity,
-    estimator), so it is what a run saves and fingerprints; resolving it again gives the
-    same method. Raises ValueError when an override does not apply to `name`.
-    """
-    c = ml_collections.ConfigDict(config.to_dict())
-    c.method = name
-    m = method(c)
-    c.allocation.name = m.allocator
-    for key in ("mode", "rounding", "threshold"):
-        c.allocation[key] = m.options.get(key, c.allocation[key])
-    c.allocation.multiplicity = m.multiplicity
-    c.estimator = m.estimator
-    return c
-
-
-def validate(config: ml_collections.ConfigDict) -> None:
-    """Raise ValueError naming the field for any invalid setting (host-side, before any work).
-
-    Numbers must be finite (an `inf` learning rate is refused, not trained with), and the
-    method with its overrides must resolve (`method`).
-    """
-    c = config
-    a = c.allocation
-    _check(_int(c.num_steps) and c.num_steps >= 0, "num_steps", c.num_steps,
-           "an integer >= 0")
-    _check(_int(c.seed), "seed", c.seed, "an integer")
-    _check(_int(c.prompts_per_step) and c.prompts_per_step >= 1, "prompts_per_step",
-           c.prompts_per_step, "an integer >= 1")
-    _check(_int(c.rollouts_per_prompt) and c.rollouts_per_prompt >= 1, "rollouts_per_prompt",
-           c.rollouts_per_prompt, "an integer >= 1")
-    # The centered MaxRL factor 1-(1-p)^(N-1) is 0 at N=1: a group needs two rollouts.
-    _check(_int(a.n_min) and _int(a.n_max) and 2 <= a.n_min <= a.n_max, "allocation.n_min",
-           a.n_min, f"an integer, 2 <= n_min <= n_max={a.n_max}")
-    _check(a.n_min <= c.rollouts_per_prompt <= a.n_max, "rollouts_per_prompt",
-           c.rollouts_per_prompt, f"n_min={a.n_min} <= N0 <= n_max={a.n_max}")
-    _check(a.unseen in UNSEEN_POLICIES, "allocation.unseen", a.unseen,
-           f"one of {UNSEEN_POLICIES}")
     try:
-        method(c)
+        m = methods_lib.resolve(config.method, method_overrides(config))
     except ValueError as e:
         fields = {"allocator": "allocation.name", "estimator": "estimator"}
         given = ", ".join(f"config.{fields.get(k, 'allocation.' + k)}={v!r}"
-                          for k, v in method_overrides(c).items() if v is not None)
-        raise ValueError(f"config.method={c.method!r}" + (f" with {given}" if given else "")
+                          for k, v in method_overrides(config).items() if v is not None)
+        raise ValueError(f"config.method={config.method!r}" + (f" with {given}" if given else "")
                          + f" is invalid: {e}") from None
-    _check(not method(c).two_stage, "method", c.method,
-           "a method the LM trainer can run: this one allocates from in-step pilot rollouts "
-           "(the allocation lab runs it)")
-    _check(c.aggregation in AGGREGATIONS, "aggregation", c.aggregation, f"one of {AGGREGATIONS}")
-    _check(_int(c.loss_norm_length) and c.loss_norm_length >= 0, "loss_norm_length",
+    check_trainable(m)
+    return m
+
+
+_resolve = method  # `validate` takes a `method` argument, which shadows the function
+
+
+def check_trainable(method: methods_lib.Method) -> None:
+    """ValueError unless the LM trainer can run `method` (a one-shot allocation, no dynamic
+    sampling)."""
+    check(not method.two_stage, "method", method.name,
+          "a method the LM trainer can run: this one allocates from in-step pilot rollouts "
+          "(the allocation lab runs it)")
+    check(not method.dynamic_sampling, "method", method.name,
+          "a method the LM trainer can run: this one needs DAPO dynamic sampling "
+          "(sera_jax.integrations.tunix runs it)")
+
+
+def for_method(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+    """A copy of `config` with `method = name` (nothing else: the study resolves the method
+    once, `method(...)`, and passes the `Method` on)."""
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.method = name
+    return c
+
+
+def validate(config: ml_collections.ConfigDict, method: methods_lib.Method | None = None
+             ) -> methods_lib.Method:
+    """Raise ValueError naming the field for any invalid setting (host-side, before any
+    work); returns the run's method.
+
+    Numbers must be finite (an `inf` learning rate is refused, not trained with). Without
+    `method`, the config's method is resolved here (`method(config)`, once); with it (a
+    study that resolved it already), `config.method` must be unset or its name.
+    """
+    c = config
+    a = c.allocation
+    check(is_int(c.num_steps) and c.num_steps >= 0, "num_steps", c.num_steps,
+           "an integer >= 0")
+    check(is_int(c.seed), "seed", c.seed, "an integer")
+    check(is_int(c.prompts_per_step) and c.prompts_per_step >= 1, "prompts_per_step",
+           c.prompts_per_step, "an integer >= 1")
+    check(is_int(c.rollouts_per_prompt) and c.rollouts_per_prompt >= 1, "rollouts_per_prompt",
+           c.rollouts_per_prompt, "an integer >= 1")
+    # The centered MaxRL factor 1-(1-p)^(N-1) is 0 at N=1: a group needs two rollouts.
+    check(is_int(a.n_min) and is_int(a.n_max) and 2 <= a.n_min <= a.n_max, "allocation.n_min",
+           a.n_min, f"an integer, 2 <= n_min <= n_max={a.n_max}")
+    check(a.n_min <= c.rollouts_per_prompt <= a.n_max, "rollouts_per_prompt",
+           c.rollouts_per_prompt, f"n_min={a.n_min} <= N0 <= n_max={a.n_max}")
+    check(a.unseen in UNSEEN_POLICIES, "allocation.unseen", a.unseen,
+           f"one of {UNSEEN_POLICIES}")
+    if method is None:
+        method = _resolve(c)
+    else:
+        check_trainable(method)
+        check(c.method in (None, method.name), "method", c.method,
+               f"unset or {method.name!r}, the method this run was given")
+    check(c.aggregation in AGGREGATIONS, "aggregation", c.aggregation, f"one of {AGGREGATIONS}")
+    check(is_int(c.loss_norm_length) and c.loss_norm_length >= 0, "loss_norm_length",
            c.loss_norm_length, "an integer >= 0")
-    _check(isinstance(c.get("shuffle_rewards", False), bool), "shuffle_rewards",
+    check(is_bool(c.get("shuffle_rewards", False)), "shuffle_rewards",
            c.get("shuffle_rewards"), "True or False")
-    _check(isinstance(c.get("skip_zero_advantage", False), bool), "skip_zero_advantage",
+    check(is_bool(c.get("skip_zero_advantage", False)), "skip_zero_advantage",
            c.get("skip_zero_advantage"), "True or False")
-    _check(isinstance(c.get("share_prompt_prefix", False), bool), "share_prompt_prefix",
+    check(is_bool(c.get("share_prompt_prefix", False)), "share_prompt_prefix",
            c.get("share_prompt_prefix"), "True or False")
-    _check(_int(c.get("train_length_bucket", 0)) and c.get("train_length_bucket", 0) >= 0,
+    check(is_int(c.get("train_length_bucket", 0)) and c.get("train_length_bucket", 0) >= 0,
            "train_length_bucket", c.get("train_length_bucket"),
            "an integer >= 0 (0 = the static max_new_tokens width)")
     h = c.history
-    _check(_number(h.alpha) and h.alpha > 0, "history.alpha", h.alpha, "a finite number > 0")
-    _check(_number(h.beta) and h.beta > 0, "history.beta", h.beta, "a finite number > 0")
-    _check(_number(h.gamma) and 0.0 <= h.gamma <= 1.0, "history.gamma", h.gamma, "[0, 1]")
-    o = c.optimizer
-    _check(_number(o.learning_rate) and o.learning_rate >= 0, "optimizer.learning_rate",
-           o.learning_rate, "a finite number >= 0")
-    _check(_number(o.b1) and 0 <= o.b1 < 1, "optimizer.b1", o.b1, "[0, 1)")
-    _check(_number(o.b2) and 0 <= o.b2 < 1, "optimizer.b2", o.b2, "[0, 1)")
-    _check(_number(o.eps) and o.eps > 0, "optimizer.eps", o.eps, "a finite number > 0")
-    _check(_number(o.weight_decay) and o.weight_decay >= 0, "optimizer.weight_decay",
-           o.weight_decay, "a finite number >= 0")
-    _check(_number(o.grad_clip) and o.grad_clip >= 0, "optimizer.grad_clip", o.grad_clip,
-           "a finite number >= 0 (0 = no clipping)")
+    check(is_number(h.alpha) and h.alpha > 0, "history.alpha", h.alpha, "a finite number > 0")
+    check(is_number(h.beta) and h.beta > 0, "history.beta", h.beta, "a finite number > 0")
+    check(is_number(h.gamma) and 0.0 <= h.gamma <= 1.0, "history.gamma", h.gamma, "[0, 1]")
+    optim.validate(c.optimizer, c.num_steps)
+    check(c.optimizer.get("schedule", "constant") == "constant", "optimizer.schedule",
+           c.optimizer.get("schedule"), "'constant' (a resumed RL run may extend num_steps, "
+           "which would move a cosine schedule)")
     budget = c.prompts_per_step * c.rollouts_per_prompt
     for field, size in (("micro_batch_size", c.micro_batch_size),
                         ("sampling.batch_size", c.sampling.batch_size)):
-        _check(_int(size) and size >= 0 and (size == 0 or budget % size == 0), field, size,
+        check(is_int(size) and size >= 0 and (size == 0 or budget % size == 0), field, size,
                f"0 or a divisor of the budget P*N0={budget}")
     s = c.sampling
-    _check(_number(s.temperature) and s.temperature >= 0, "sampling.temperature",
+    check(is_number(s.temperature) and s.temperature >= 0, "sampling.temperature",
            s.temperature, "a finite number >= 0 (0 = greedy)")
-    _check(_number(s.top_p) and 0 < s.top_p <= 1, "sampling.top_p", s.top_p, "(0, 1]")
-    _check(_int(s.top_k) and s.top_k >= 0, "sampling.top_k", s.top_k, ">= 0 (0 = off)")
+    check(is_number(s.top_p) and 0 < s.top_p <= 1, "sampling.top_p", s.top_p, "(0, 1]")
+    check(is_int(s.top_k) and s.top_k >= 0, "sampling.top_k", s.top_k, ">= 0 (0 = off)")
     kv = s.get("kv_cache_dtype", "")
-    _check(kv in CACHE_DTYPE_NAMES, "sampling.kv_cache_dtype", kv, CACHE_DTYPE_HELP)
+    check(kv in CACHE_DTYPE_NAMES, "sampling.kv_cache_dtype", kv, CACHE_DTYPE_HELP)
     validate_mesh(c.mesh)
-    _check(_int(c.checkpoint_every) and c.checkpoint_every >= 0, "checkpoint_every",
+    check(is_int(c.checkpoint_every) and c.checkpoint_every >= 0, "checkpoint_every",
            c.checkpoint_every, ">= 0 (0 = off)")
-    _check(_int(c.max_checkpoints_to_keep) and c.max_checkpoints_to_keep >= 1,
+    check(is_int(c.max_checkpoints_to_keep) and c.max_checkpoints_to_keep >= 1,
            "max_checkpoints_to_keep", c.max_checkpoints_to_keep, ">= 1")
-    _check(_int(c.log_every) and c.log_every >= 1, "log_every", c.log_every, ">= 1")
-    _check(isinstance(c.get("async_checkpoint", False), bool), "async_checkpoint",
+    check(is_int(c.log_every) and c.log_every >= 1, "log_every", c.log_every, ">= 1")
+    check(is_bool(c.get("async_checkpoint", False)), "async_checkpoint",
            c.get("async_checkpoint"), "True or False")
+    return method
 
 
 def validate_mesh(mesh: ml_collections.ConfigDict, prefix: str = "mesh") -> None:
     """`mesh.{data,fsdp,tensor}`: sizes >= 1 or -1 (fill with the remaining devices)."""
     for axis in ("data", "fsdp", "tensor"):
         size = mesh[axis]
-        _check(_int(size) and (size == -1 or size >= 1), f"{prefix}.{axis}", size,
+        check(is_int(size) and (size == -1 or size >= 1), f"{prefix}.{axis}", size,
                ">= 1 or -1 (fill)")
 
 

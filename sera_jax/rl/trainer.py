@@ -7,16 +7,15 @@ ratio 1, no KL, no entropy bonus):
    when the order wraps, a new epoch starts: `history.start_epoch` folds the pending
    outcomes in and the next permutation (a deterministic function of (seed, epoch)) is used;
 2. p̂_q = frozen history estimate (NaN for unseen prompts);
-3. allocate the budget B = P·N0 with any allocator of `sera_jax.allocation.ALLOCATORS`
-   (counts N_q summing to B, multiplicity weights w_q = N0/N_q, 0 for inactive prompts);
-4. flat rollout batch: prompt q repeated N_q times (`sampling.expand_prompts`), B rows,
-   `segment_ids[r]` = prompt of row r; static shapes whatever the counts;
+3. allocate the budget B = P·N0 with the method's allocator (`objective.plan_rollouts`:
+   counts N_q summing to B, multiplicity weights w_q = N0/N_q, 0 for inactive prompts);
+4. flat rollout batch: prompt q repeated N_q times, B rows, `segment_ids[r]` = prompt of
+   row r; static shapes whatever the counts;
 5. sample (`sampling.generate_rows`: jit, batch-sharded rows, `sampling.batch_size` rows per
    call, each call prefilling its distinct prompts once for all their rollouts on one batch
    shard) and score every completion with the task verifier (host);
-6. ragged advantages (`estimators.ADVANTAGE_ESTIMATORS[config.estimator]`, MaxRL by
-   default), per-rollout weights (`estimators.rollout_weights`, or 1 without the
-   multiplicity correction);
+6. ragged advantages (the method's estimator, MaxRL by default) and per-rollout weights
+   (`objective.rollout_coefficients`);
 7. loss (`estimators.policy_gradient_loss`, the chosen aggregation, normalisers of the whole
    batch so micro-batch losses add up exactly), gradients accumulated over static
    micro-batches (bounded memory) by a loop that visits only the micro-batches holding a
@@ -25,9 +24,10 @@ ratio 1, no KL, no entropy bonus):
 8. `history.update_from_rollouts` (pending until the next epoch), metrics.
 
 The trainable state is an explicit pytree (`TrainState`: params, optimiser state, history,
-PRNG key, step, data position), checkpointed as a whole; `run(config, task, model,
-workdir)` resumes from the latest checkpoint in `workdir` and reproduces the uninterrupted
-run exactly (same XLA programs on the same inputs).
+PRNG key, step, data position), checkpointed as a whole; `RLProgram` runs it on the one
+training loop (`sera_jax.loop.run`), which resumes from the latest checkpoint of a run
+directory and reproduces the uninterrupted run exactly (same XLA programs on the same
+inputs).
 
 Multi-host: every process runs the same host code on the same values (prompt order,
 allocation, advantages are deterministic), so batches are built identically everywhere;
@@ -56,10 +56,12 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sera_jax import history as history_lib
+from sera_jax import objective, optim
 from sera_jax import sharding as shd
-from sera_jax.estimators import get_advantage_estimator, policy_gradient_loss, rollout_weights
+from sera_jax.estimators import policy_gradient_loss
 from sera_jax.loop import guarded_update
-from sera_jax.models.decoder import shared_prefix_logprobs, token_logprobs
+from sera_jax.methods import Method
+from sera_jax.models.logprobs import shared_prefix_logprobs, token_logprobs
 from sera_jax.rl import config as config_lib
 from sera_jax.rl.data import epoch_permutation, next_prompt_ids
 from sera_jax.rl.state import PrefixBatch, RolloutBatch, Rollouts, TrainState
@@ -67,7 +69,6 @@ from sera_jax.sampling import (
     SampleOutput,
     SamplingConfig,
     default_row_keys,
-    expand_prompts,
     generate_rows,
     left_pad,
 )
@@ -84,17 +85,18 @@ SHUFFLE_FOLD = 2**31 - 1
 # ----------------------------------------------------------------------------- helpers
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """AdamW with a constant learning rate, after global-norm clipping (0 = no clipping)."""
+def fuses_adamw(config: ml_collections.ConfigDict) -> bool:
+    """Whether the train step uses `fused_adamw_step` (AdamW on a constant learning rate with
+    decay on every parameter); any other `config.optimizer` takes optax's update."""
     o = config.optimizer
-    adamw = optax.adamw(o.learning_rate, b1=o.b1, b2=o.b2, eps=o.eps,
-                        weight_decay=o.weight_decay)
-    return optax.chain(optax.clip_by_global_norm(o.grad_clip), adamw) if o.grad_clip > 0 else adamw
+    return (o.get("name", "adamw") == "adamw" and o.get("schedule", "constant") == "constant"
+            and o.get("weight_decay_mask", "all") == "all")
 
 
 def fused_adamw_step(config: ml_collections.ConfigDict, params: Any, opt_state: Any,
                      grads: Any, apply: jax.Array) -> tuple[Any, Any]:
-    """`make_optimizer(config)`'s update (global-norm clip + AdamW) as one expression per
+    """`optim.make_optimizer(config.optimizer)`'s update (global-norm clip + AdamW on a
+    constant learning rate, `fuses_adamw`) as one expression per
     leaf that returns the new parameters and optimiser state, applied only when `apply`:
 
         g' = a · s · g,   s = 1 if ‖g‖ < clip else clip / ‖g‖,   a = [apply]  (g' = 0 if not)
@@ -219,7 +221,7 @@ def rollout_loss(
     """Policy-gradient surrogate of a (micro-)batch: recompute log π of the completions
     under `model` (one forward over prompt + completion, the vocabulary head only where a
     completion token is predicted; for one micro-batch of a `PrefixBatch`, each prompt slot's
-    forward once, `decoder.shared_prefix_logprobs`) and apply
+    forward once, `logprobs.shared_prefix_logprobs`) and apply
     `estimators.policy_gradient_loss` with whole-batch normalisers (P·N0, `num_tokens`)."""
     if isinstance(batch, PrefixBatch):
         logprobs = shared_prefix_logprobs(model, batch.prompt_tokens, batch.prompt_mask,
@@ -257,7 +259,7 @@ class Trainer:
 
     Usage::
 
-        trainer = Trainer(config, task, model, mesh)
+        trainer = Trainer(config, task, model, mesh, method=method)  # a methods.Method
         state = trainer.init_state(model)          # sharded onto the mesh
         for _ in range(n):
             state, metrics = trainer.step(state)
@@ -266,8 +268,11 @@ class Trainer:
     """
 
     def __init__(self, config: ml_collections.ConfigDict, task: RLTask, model: nnx.Module,
-                 mesh: Mesh | None = None, rules: Mapping[str, Any] = shd.LOGICAL_RULES):
-        config_lib.validate(config)
+                 mesh: Mesh | None = None, rules: Mapping[str, Any] = shd.LOGICAL_RULES, *,
+                 method: Method | None = None):
+        # The method (allocator + options + multiplicity + estimator): as resolved by the
+        # study, or else resolved here from `config.method` and its overrides, once.
+        self.method = config_lib.validate(config, method)
 
         self.config = config
         self.task = task
@@ -287,12 +292,8 @@ class Trainer:
             if rows % divisor:
                 raise ValueError(f"config.{field} gives {rows} rows per call, not a multiple of "
                                  f"the {divisor} batch shards of mesh {dict(self.mesh.shape)}")
-        # The method (allocator + options + multiplicity + estimator) with the config's
-        # overrides applied; `validate` has already checked that every override applies.
-        self.method = config_lib.method(config)
-        self.estimator = get_advantage_estimator(self.method.estimator)
         self.kappa_shift = self.method.kappa_shift
-        self.tx = make_optimizer(config)
+        self.tx = optim.make_optimizer(config.optimizer, config.num_steps)
 
         s = config.sampling
         greedy = s.temperature == 0
@@ -408,11 +409,12 @@ class Trainer:
 
             return jax.lax.fori_loop(0, jnp.sum(live), body, zeros)
 
+        fused = (lambda *args: fused_adamw_step(c, *args)) if fuses_adamw(c) else None
+
         def train_step(params, opt_state, batch: RolloutBatch):
             loss, grads = gradients(params, batch)
-            params, opt_state, metrics = guarded_update(
-                tx, params, opt_state, loss, grads,
-                step=lambda *args: fused_adamw_step(c, *args))
+            params, opt_state, metrics = guarded_update(tx, params, opt_state, loss, grads,
+                                                        step=fused)
             # Counted where the skip happens (the host's `trained_micro_batches` predicts it).
             metrics["trained_micro_batches"] = jnp.sum(_live_micro(batch, num_micro),
                                                        dtype=jnp.float32)
@@ -467,15 +469,14 @@ class Trainer:
         # Allocate on host values: identical on every process, validated before any jit.
         p_hat = shd.to_host(history_lib.lookup(history, jnp.asarray(ids)))
         a = c.allocation
-        alloc = self.method.allocate(jnp.asarray(p_hat), self.budget, n_min=a.n_min,
-                                     n_max=a.n_max, unseen=a.unseen)
-        counts = shd.to_host(alloc.counts).astype(np.int32)
-        prompt_weights = self.method.prompt_weights(counts, shd.to_host(alloc.weights))
+        plan = jax.tree.map(shd.to_host, objective.plan_rollouts(
+            self.method, jnp.asarray(p_hat), self.budget, n_min=a.n_min, n_max=a.n_max,
+            unseen=a.unseen))
+        counts, segment_ids = plan.counts.astype(np.int32), plan.segment_ids
 
         prompts, pmask = left_pad(task.prompt_tokens(c.split, ids.tolist()),
                                   int(task.max_prompt_len), int(task.pad_id))
-        rows, rows_mask, segment_ids = (shd.to_host(x) for x in expand_prompts(
-            jnp.asarray(prompts), jnp.asarray(pmask), jnp.asarray(counts), self.budget))
+        rows, rows_mask = prompts[segment_ids], pmask[segment_ids]  # prompt q, N_q times
 
         key = jax.random.wrap_key_data(jnp.asarray(shd.to_host(state.key)))
         key, sample_key = jax.random.split(key)
@@ -495,10 +496,10 @@ class Trainer:
                              f"({self.budget},), one reward per completion")
         if c.get("shuffle_rewards", False):
             rewards = shuffle_rewards(rewards, sample_key)
-        advantages = shd.to_host(self.estimator(rewards, segment_ids, self.batch_prompts))
-        weights = shd.to_host(rollout_weights(prompt_weights, segment_ids))
+        advantages, weights = (shd.to_host(x) for x in objective.rollout_coefficients(
+            rewards, plan, self.method.estimator))
         rollouts = Rollouts(
-            prompt_ids=ids, p_hat=p_hat, counts=counts, prompt_weights=prompt_weights,
+            prompt_ids=ids, p_hat=p_hat, counts=counts, prompt_weights=plan.prompt_weights,
             segment_ids=segment_ids.astype(np.int32), prompt_tokens=rows,
             prompt_mask=rows_mask, completion_tokens=tokens, lengths=lengths,
             truncated=truncated, rewards=rewards, advantages=advantages.astype(np.float32),
@@ -673,7 +674,8 @@ __all__ = [
     "Trainer",
     "epoch_permutation",
     "initialize_distributed",
-    "make_optimizer",
+    "fuses_adamw",
+    "fused_adamw_step",
     "next_prompt_ids",
     "rollout_loss",
     "shuffle_rewards",

@@ -2,27 +2,29 @@ r"""Allocation demo: the methods of `sera_jax.methods` on a realistic batch of s
 probabilities.
 
 A batch whose p̂ piles up near 0 and 1 (Beta(0.3, 0.3) plus a few 1e-6 / 1 - 1e-6 prompts)
-gets the same rollout budget B = P·N0 from each method (default: uniform = plain MaxRL,
-sera = dynamic active set, the paper's default, and sera_equalized = every prompt active).
-`run_demo` prints a table of p̂, N_q, κ_q, w_q for a readable subset of prompts (sorted by
-p̂) and a summary (min / mean κ, spread, active count), and writes the tables
-(``allocation_demo.md``) and a plot of κ and N_q against p̂ (``allocation_demo.png``).
+gets the same rollout budget B = P·N0 from each method of `config.compare.methods`
+(`configs/allocation_demo/default.py`: uniform = plain MaxRL, sera = dynamic active set, the
+paper's default, and sera_equalized = every prompt active). `run(config, workdir)` returns a
+table of p̂, N_q, κ_q, w_q for a readable subset of prompts (sorted by p̂) and a summary (min
+/ mean κ, spread, active count), and writes the tables (``allocation_demo.md``) and a plot
+of κ and N_q against p̂ (``allocation_demo.png``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
+from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 
 from sera_jax import methods as methods_lib
+from sera_jax import validation
 from sera_jax.allocation import Allocation
 from sera_jax.scaling import kappa
 from sera_jax.studies import common
-
-DEFAULT_METHODS = ("uniform", "sera", "sera_equalized")
 
 
 def synthetic_success_probs(key: jax.Array, num: int) -> np.ndarray:
@@ -110,29 +112,53 @@ def plot(p: np.ndarray, allocs: dict[str, Allocation], path: str) -> None:
     plt.close(fig)
 
 
-def run_demo(workdir: str, *, num_prompts: int = 256, n0: int = 128, n_min: int = 2,
-             n_max: int = 512, seed: int = 0, rows: int = 16,
-             methods: Sequence[str] = DEFAULT_METHODS) -> str:
-    """Allocates with each method of `sera_jax.methods`, prints and writes
-    ``allocation_demo.{md,png}``; returns the tables. Inputs are checked first."""
-    for name, value in (("num_prompts", num_prompts), ("n0", n0), ("rows", rows)):
-        common.check(common.positive_int(value), name, value, "an integer >= 1")
-    common.check(isinstance(n_min, int) and isinstance(n_max, int) and 2 <= n_min <= n0
-                 <= n_max, "n0", n0, f"n_min={n_min} <= N0 <= n_max={n_max}, n_min >= 2")
-    chosen = [methods_lib.get_method(m) for m in methods]
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Every field `run` reads: StudyError naming the field and what is allowed."""
+    common.renamed_fields(config)
+    c = functools.partial(validation.check, error=common.StudyError)
+    r, a = config.rl, config.rl.allocation
+    for field, value in (("rl.prompts_per_step", r.prompts_per_step),
+                         ("rl.rollouts_per_prompt", r.rollouts_per_prompt),
+                         ("rows", config.rows)):
+        c(validation.is_positive_int(value), field, value, "an integer >= 1")
+    c(validation.is_int(a.n_min) and validation.is_int(a.n_max)
+      and 2 <= a.n_min <= r.rollouts_per_prompt <= a.n_max, "rl.rollouts_per_prompt",
+      r.rollouts_per_prompt, f"n_min={a.n_min} <= N0 <= n_max={a.n_max}, n_min >= 2")
+    c(validation.is_int(config.seed), "seed", config.seed, "an integer")
+    names = config.compare.methods
+    c(isinstance(names, tuple | list) and len(names) >= 1 and len(set(names)) == len(names),
+      "compare.methods", names, "a tuple of distinct method names, e.g. ('uniform', 'sera')")
+    for name in names:
+        try:
+            method = methods_lib.get_method(name)
+        except ValueError as e:
+            raise common.StudyError(f"config.compare.methods: {e}") from None
+        c(not (method.two_stage or method.dynamic_sampling), "compare.methods", name,
+          "one-shot methods without dynamic sampling: the demo allocates from p̂ alone, "
+          "with no rollouts")
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Allocate with each method of `config.compare.methods`, write
+    ``allocation_demo.{md,png}``; returns {'summary': the tables, 'allocations'}. Inputs are
+    checked first (`validate`)."""
+    validate(config)
+    num_prompts, n0 = config.rl.prompts_per_step, config.rl.rollouts_per_prompt
+    n_min, n_max = config.rl.allocation.n_min, config.rl.allocation.n_max
+    chosen = [methods_lib.get_method(m) for m in config.compare.methods]
     workdir = common.prepare_workdir(workdir)
-    p = synthetic_success_probs(jax.random.key(seed), num_prompts)
+    p = synthetic_success_probs(jax.random.key(config.seed), num_prompts)
     budget = num_prompts * n0
     allocs = {}
     for m in chosen:
         a = m.allocate(p, budget, n_min=n_min, n_max=n_max)
         allocs[m.name] = a.replace(weights=m.prompt_weights(a.counts, a.weights))
-    text = markdown_tables(p, allocs, rows)
+    text = markdown_tables(p, allocs, config.rows)
     header = (f"# Allocation demo\n\nP = {num_prompts}, N0 = {n0}, budget = {budget}, "
-              f"n_min = {n_min}, n_max = {n_max}, seed = {seed}\n\n")
+              f"n_min = {n_min}, n_max = {n_max}, seed = {config.seed}\n\n")
     with open(os.path.join(workdir, "allocation_demo.md"), "w") as f:
         f.write(header + text + "\n")
     plot(p, allocs, os.path.join(workdir, "allocation_demo.png"))
-    print(header + text)
-    print(f"\nwrote {workdir}/allocation_demo.md and allocation_demo.png")
-    return text
+    summary = (header + text + f"\n\nwrote {workdir}/allocation_demo.md and "
+               "allocation_demo.png")
+    return {"summary": summary, "allocations": allocs}

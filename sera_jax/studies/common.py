@@ -16,7 +16,7 @@ from typing import Any
 import ml_collections
 from absl import app, flags
 
-from sera_jax import config_files, loop
+from sera_jax import config_files, loop, validation
 from sera_jax import methods as methods_lib
 from sera_jax.records import append_jsonl, read_json, read_jsonl, write_json
 
@@ -93,8 +93,12 @@ def check_overrides(default_config: str | None, argv: Sequence[str] | None = Non
     config at definition time, where a misspelt key is a bare `AttributeError`."""
     argv = list(sys.argv if argv is None else argv)
     path = _config_path(argv, default_config or "", flag).split(":", 1)[0]
-    if path and os.path.isfile(path):
-        message = unknown_override(argv, config_files.get_config(path), flag)
+    if path:
+        try:  # a missing or broken file: one line here, not ml_collections' tracebacks
+            config = config_files.get_config(path)
+        except (FileNotFoundError, config_files.ConfigFileError) as e:
+            sys.exit(f"error: --{flag}: {e}")
+        message = unknown_override(argv, config, flag)
         if message:
             sys.exit(f"error: {message}")
 
@@ -124,27 +128,6 @@ def main(run: Callable[[], Any]) -> None:
         run()
     except (ValueError, FileNotFoundError, CheckpointError, loop.NonFiniteError) as e:
         sys.exit(f"error: {e}")
-
-
-def summary_binary(recipe: str, default_config: str) -> None:
-    """The whole main of a binary whose study is `<recipe module>.run(config, workdir)`
-    returning `{"summary": markdown, ...}`: `--config` (default `default_config`) and
-    `--workdir` flags, the checking flag parser, one-line errors, the summary printed."""
-    from ml_collections import config_flags
-
-    check_overrides(default_config)
-    config = config_flags.DEFINE_config_file("config", default_config,
-                                             "Path to a get_config() file.")
-    workdir = flags.DEFINE_string("workdir", None, "Output directory.")
-
-    def main_fn(argv: list[str]) -> None:
-        del argv
-        import importlib
-
-        study = importlib.import_module(recipe)  # after flag parsing: importing jax is slow
-        main(lambda: print(study.run(config.value, workdir.value)["summary"]))
-
-    run_app(main_fn, default_config)
 
 
 def binary(run: Callable[[ml_collections.ConfigDict, str | None], Any], default_config: str,
@@ -215,37 +198,91 @@ def prepare_workdir(workdir: str | os.PathLike | None) -> str:
     return path
 
 
-def parse_list(text: Any, cast: Callable = str, what: str = "list") -> list:
-    """`"a,b"` -> ['a', 'b'] (cast each); StudyError naming `what` when empty or uncastable."""
-    try:
-        items = [cast(x.strip()) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise StudyError(f"{what}={text!r}: expected a comma-separated list") from None
-    if not items:
-        raise StudyError(f"{what} is empty; e.g. 'uniform,sera'")
-    return items
+def _items(value: Any, what: str, example: str) -> list:
+    """`value` (a tuple or list) as a list; StudyError naming `what` for anything else, and
+    for a string (the old comma-string form) the tuple to write instead. A `what` starting
+    with `--` names a run argument (the binary's list flag), not a config field."""
+    if what.startswith("--") and not isinstance(value, tuple | list):
+        raise StudyError(f"{what}={value!r} is invalid; pass a list, e.g. {example}")
+    if isinstance(value, str):
+        raise StudyError(f"{what}={value!r} is a string; write a tuple, e.g. {example}"
+                         f" (on the command line: --config.{what}=\"{example}\")")
+    if not isinstance(value, tuple | list):
+        raise StudyError(f"{what}={value!r} is invalid; allowed: a tuple, e.g. {example}")
+    return list(value)
 
 
-def parse_methods(text: Any, what: str = "methods") -> list[str]:
-    """Comma list of method names, each a key of `sera_jax.methods.METHODS`."""
-    names = parse_list(text, str, what)
-    for name in names:
-        if name not in methods_lib.METHODS:
-            raise StudyError(f"{what} has {name!r}{methods_lib.nearest(name, methods_lib.METHODS)}"
-                             f"; valid methods: {sorted(methods_lib.METHODS)}")
+def method_names(value: Any, what: str) -> list[str]:
+    """The method names of `value`: a tuple / list of names of `sera_jax.methods.METHODS`
+    or of its `Method` presets. StudyError naming `what` when `value` is a string, empty,
+    names an unknown method (its new name when it was renamed, else the nearest) or one
+    twice, or holds a `Method` that is not its name's preset (a study applies overrides
+    from `config.rl.allocation.*`)."""
+    names = []
+    for m in _items(value, what, "('uniform', 'sera')"):
+        if isinstance(m, methods_lib.Method):
+            if methods_lib.METHODS.get(m.name) != m:
+                raise StudyError(
+                    f"{what} has Method {m.name!r}, which is not the preset of that name in "
+                    "sera_jax.methods.METHODS; pass a preset (or its name) and set options "
+                    "with config.rl.allocation.* / config.rl.estimator")
+            m = m.name
+        if not isinstance(m, str) or m not in methods_lib.METHODS:
+            hint = (f"{what} has {m!r}: one method name per item, e.g. ('uniform', 'sera')"
+                    if isinstance(m, str) and "," in m else
+                    f"{what}: " + methods_lib.unknown_method_message(m))
+            raise StudyError(hint)
+        names.append(m)
+    if not names:
+        raise StudyError(f"{what} is empty; name at least one method, e.g. ('uniform', 'sera')")
     if len(set(names)) != len(names):
-        raise StudyError(f"{what}={text!r} names a method twice")
+        raise StudyError(f"{what}={tuple(names)!r} names a method twice")
     return names
 
 
+def int_list(value: Any, what: str, minimum: int = 0) -> list[int]:
+    """The integers (each >= `minimum`) of a tuple / list `value`. `what` starting with `--`
+    is a flag's list (absl `DEFINE_list`: strings of digits). StudyError naming `what`."""
+    flag = what.startswith("--")
+    items = _items(value, what, "(0, 1, 2)")
+    out = []
+    for x in items:
+        if flag and isinstance(x, str) and x.strip().lstrip("-").isdigit():
+            x = int(x)
+        if not (validation.is_int(x) and x >= minimum):
+            if flag:
+                raise StudyError(f"{what}={','.join(map(str, items))!r}: expected a "
+                                 f"comma-separated list of integers >= {minimum}")
+            raise StudyError(f"config.{what}={value!r} is invalid; allowed: a tuple of "
+                             f"integers >= {minimum}, e.g. (0, 1, 2)")
+        out.append(x)
+    return out
+
+
+def float_list(value: Any, what: str) -> list[float]:
+    """The finite numbers of a tuple / list `value`, as floats; StudyError naming `what`."""
+    items = _items(value, what, "(0.05, 0.2)")
+    if not all(validation.is_number(x) for x in items):
+        raise StudyError(f"config.{what}={value!r} is invalid; allowed: a tuple of finite "
+                         "numbers, e.g. (0.05, 0.2)")
+    return [float(x) for x in items]
+
+
+def nonempty(items: list, what: str) -> list:
+    """`items`, or StudyError naming `what` (a config field or a `--flag`) when empty."""
+    if not items:
+        name = what if what.startswith("--") else f"config.{what}"
+        raise StudyError(f"{name} is empty; give at least one value")
+    return items
+
+
 def check(cond: bool, field: str, value: Any, allowed: str) -> None:
-    """StudyError `config.<field>=<value> is invalid; allowed: ...` unless `cond`."""
-    if not cond:
-        raise StudyError(f"config.{field}={value!r} is invalid; allowed: {allowed}")
+    """`sera_jax.validation.check` raising StudyError (one line from a study's binary)."""
+    validation.check(cond, field, value, allowed, error=StudyError)
 
 
-def positive_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+#: `sera_jax.validation.is_positive_int` (kept for the studies that call it by this name).
+positive_int = validation.is_positive_int
 
 
 # ----------------------------------------------------------------------------- records
@@ -285,6 +322,6 @@ def append_eval(run_dir: str, record: Mapping[str, Any]) -> None:
 
 
 __all__ = ["RolloutCounter", "StudyError", "append_eval", "cached_json", "check", "check_overrides",
-           "config_keys", "enable_compilation_cache", "flags_parser", "main", "parse_list",
-           "parse_methods", "positive_int", "prepare_workdir", "run_app", "summary_binary",
+           "config_keys", "enable_compilation_cache", "flags_parser", "float_list", "int_list",
+           "main", "method_names", "nonempty", "positive_int", "prepare_workdir", "run_app",
            "unknown_override"]

@@ -18,6 +18,17 @@ Definitions (n samples per prompt, c correct, M prompts, S seeds):
   its true mean is 0, so whatever it shows is evaluation noise. `floor[k] = max(|mean d|,
   half-width of its 95 % bootstrap CI)`. A difference whose magnitude is at most the floor
   is "no difference".
+
+Training curves (the seed is the unit of inference; mazes and evaluation keys are fixed):
+
+* per-seed curve difference `Δ_s(t) = mean_m d[s, t, m]` at every evaluation point t, every
+  policy at t scored with t's keys; band = Student t over seeds, `mean_s Δ_s ± t_{S−1} ·
+  sd_s/√S` (`seed_interval`; undefined with one seed), two-sided p from the same t.
+* an endpoint over the last L points: `Δ_s = mean_{last L t} Δ_s(t)`, then `seed_interval`.
+* secondary endpoints: Holm's step-down adjustment of their p-values (`holm`).
+* the with-replacement bootstrap pass@k of the published maze evaluation (MaxRL's: k of the
+  n samples drawn with replacement): its expectation `1 − (1 − c/n)^k`
+  (`bootstrap_pass_at_k`), biased low against the unbiased estimator; reported beside it.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from sera_jax.metrics import pass_at_k
+from sera_jax.metrics import analytic_pass_at_k, pass_at_k
 
 
 def ks_for(n: int) -> list[int]:
@@ -123,5 +134,87 @@ def within_floor(diffs: Mapping[str, Mapping[str, float]],
     return {k: abs(d["mean"]) <= floors[k]["floor"] for k, d in diffs.items() if k in floors}
 
 
-__all__ = ["ks_for", "noise_floor", "paired_bootstrap", "paired_difference",
-           "per_prompt_pass_at_k", "verdict", "within_floor"]
+def seed_interval(values: Sequence[float], level: float = 0.95) -> dict[str, Any]:
+    """Student t over seeds of per-seed values `x_s`: {mean, lo, hi, half_width, sd, p,
+    seeds, per_seed}; `lo = mean − t_{(1+level)/2, S−1} · sd/√S` (sd with ddof 1), `p` the
+    two-sided p-value of mean = 0. With S < 2 (no spread to estimate) lo, hi, p are None; with
+    sd = 0 the interval is the point and p is 0 (mean ≠ 0) or 1 (mean = 0)."""
+    from scipy import stats as scipy_stats
+
+    x = np.asarray(values, np.float64).ravel()
+    if x.size == 0 or not np.all(np.isfinite(x)):
+        raise ValueError(f"seed_interval needs >= 1 finite value; got {x.tolist()}")
+    if not 0 < level < 1:
+        raise ValueError(f"level={level}; must lie in (0, 1)")
+    out: dict[str, Any] = {"mean": float(x.mean()), "seeds": int(x.size),
+                           "per_seed": x.tolist(), "lo": None, "hi": None,
+                           "half_width": None, "sd": None, "p": None}
+    if x.size < 2:
+        return out
+    sd = float(x.std(ddof=1))
+    half = float(scipy_stats.t.ppf((1 + level) / 2, x.size - 1) * sd / np.sqrt(x.size))
+    if sd > 0:
+        p = float(2 * scipy_stats.t.sf(abs(x.mean()) / (sd / np.sqrt(x.size)), x.size - 1))
+    else:
+        p = 0.0 if x.mean() != 0 else 1.0
+    out.update(lo=float(x.mean() - half), hi=float(x.mean() + half), half_width=half, sd=sd,
+               p=p)
+    return out
+
+
+def excludes_zero(e: Mapping[str, Any]) -> bool:
+    """The interval of `e` lies entirely above or below 0 (False when it is undefined)."""
+    return e.get("lo") is not None and (e["lo"] > 0 or e["hi"] < 0)
+
+
+def curve_difference(correct_a: Any, correct_b: Any, n: int, ks: Sequence[int],
+                     steps: Sequence[int], *, level: float = 0.95, window: int = 1
+                     ) -> dict[str, Any]:
+    """Paired Δ(t) of arm A − arm B from correct counts `[S, T, M]` (seed s of A paired with
+    seed s of B, point t of both scored with t's keys): `{"points": {str(k): [seed_interval
+    of Δ_s(t) with "step"] for t}, "window": {str(k): seed_interval of the mean of Δ_s(t)
+    over the last `window` points}}`."""
+    a = np.asarray(correct_a, np.int64)
+    b = np.asarray(correct_b, np.int64)
+    if a.shape != b.shape or a.ndim != 3:
+        raise ValueError(f"correct counts must both be [S, T, M]; got {a.shape} and {b.shape}")
+    if a.shape[1] != len(steps):
+        raise ValueError(f"{a.shape[1]} points of counts but {len(steps)} steps")
+    if not 1 <= window <= len(steps):
+        raise ValueError(f"window={window}; must lie in [1, {len(steps)}] (the points)")
+    d = (per_prompt_pass_at_k(a, n, ks) - per_prompt_pass_at_k(b, n, ks)).mean(axis=-1)
+    points, win = {}, {}
+    for i, k in enumerate(ks):  # d[i]: [S, T]
+        points[str(int(k))] = [{"step": int(t), **seed_interval(d[i, :, j], level)}
+                               for j, t in enumerate(steps)]
+        win[str(int(k))] = seed_interval(d[i, :, -window:].mean(axis=1), level)
+    return {"steps": [int(t) for t in steps], "window_points": int(window), "points": points,
+            "window": win}
+
+
+def holm(p_values: Mapping[str, float | None]) -> dict[str, float | None]:
+    """Holm's step-down adjusted p-values (family-wise error ≤ α when rejecting adjusted
+    p ≤ α): sort the m defined p ascending, `p̃_(i) = max_{j ≤ i} min(1, (m − j + 1) p_(j))`;
+    undefined (None) p stay None and do not count in m."""
+    defined = sorted(((p, name) for name, p in p_values.items() if p is not None))
+    m, out, running = len(defined), {name: None for name in p_values}, 0.0
+    for i, (p, name) in enumerate(defined):
+        running = max(running, min(1.0, (m - i) * float(p)))
+        out[name] = running
+    return out
+
+
+def bootstrap_pass_at_k(num_correct: Any, n: int, ks: Sequence[int]) -> dict[str, float]:
+    """The published maze evaluation's pass@k (MaxRL: k of the n samples of each prompt drawn
+    *with replacement*, any correct), in expectation over the resamples: `mean_m 1 − (1 −
+    c_m/n)^k`. ≤ the unbiased pass@k (with replacement repeats samples); report it beside the
+    unbiased estimator, never instead of it."""
+    c = np.asarray(num_correct, np.float64)
+    if np.any(c < 0) or np.any(c > n):
+        raise ValueError(f"num_correct must lie in [0, n={n}]")
+    return {str(int(k)): float(np.mean(analytic_pass_at_k(c / n, int(k)))) for k in ks}
+
+
+__all__ = ["bootstrap_pass_at_k", "curve_difference", "excludes_zero", "holm", "ks_for",
+           "noise_floor", "paired_bootstrap", "paired_difference", "per_prompt_pass_at_k",
+           "seed_interval", "verdict", "within_floor"]

@@ -8,15 +8,17 @@ Stages (each resumes or skips finished work; re-running a killed command continu
   `eval.top_p`, unbiased pass@k for k = 1, 2, 4, ..., n, majority-vote accuracy maj@n;
   then the report `results/pass_at_k.md|json|png`. Evaluations are cached under the
   fingerprint of what they measure (a changed model, task, RL or eval config recomputes).
-* `rl`: for each method of `compare.methods`, on-policy RL from the initial policy on the
-  one loop (`sera_jax.loop`); per-step records in `rl/<method>/train.jsonl`.
+* `rl`: for each method of `compare.methods` (resolved once, with the `rl.allocation.*`
+  overrides) and seed of `compare.seeds`, on-policy RL from the initial policy on the one
+  loop (`sera_jax.loop`); per-step records in `rl/<run>/train.jsonl`, where a run is named
+  by its method (seed 0) or `<method>_seed<k>`.
 * `all` (default) = eval before, rl, eval after, report.
 
 The policy comes from `config.model` (`sera_jax.models.policy.load_policy`), optionally
 followed by the parameters of `model.init_checkpoint` (a checkpoints directory written by
 this study with the same model and task config).
 
-Workdir: `eval/initial.json`, `eval/<method>.json`, `rl/<method>/{checkpoints,tensorboard,
+Workdir: `eval/initial.json`, `eval/<run>.json`, `rl/<run>/{checkpoints,tensorboard,
 train.jsonl,config.json}`, `results/`, `timings.jsonl`.
 """
 
@@ -32,7 +34,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from sera_jax import loop
+from sera_jax import loop, validation
+from sera_jax import methods as methods_lib
 from sera_jax import sharding as shd
 from sera_jax.checkpoint import Checkpointer
 from sera_jax.models.configs import CACHE_DTYPE_HELP, CACHE_DTYPE_NAMES, DTYPE_NAMES
@@ -44,7 +47,9 @@ from sera_jax.rl import evaluate as eval_lib
 from sera_jax.rl import trainer as trainer_lib
 from sera_jax.sampling import SamplingConfig, generate_rows, left_pad
 from sera_jax.studies import common
-from sera_jax.tasks.mathqa.task import MathTask, task_from_config
+from sera_jax.tasks.mathqa.data import FORMATS, PROMPT_TEMPLATES
+from sera_jax.tasks.mathqa.problems import TEMPLATE_NAMES
+from sera_jax.tasks.mathqa.task import SOURCES, MathTask, task_from_config
 
 STAGES = ("all", "rl", "eval")
 #: `eval.kv_cache_dtype` (added after the first runs) is left out of fingerprints at its
@@ -68,15 +73,25 @@ def build(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None
     logging.info("task: %d train / %d eval problems, prompts <= %d tokens, completions <= %d",
                  task.split_size("train"), task.split_size("eval"), task.max_prompt_len,
                  task.max_new_tokens)
-    if cfg.model.init_checkpoint:
-        model = restore_policy(run_config(cfg, "uniform"), task, model, mesh,
+    if cfg.model.init_checkpoint:  # any method: only the state's layout is read
+        uniform = methods_lib.get_method("uniform")
+        model = restore_policy(run_config(cfg, uniform.name), uniform, task, model, mesh,
                                cfg.model.init_checkpoint)
     return model, task, mesh
 
 
-def run_config(cfg: ml_collections.ConfigDict, method: str) -> ml_collections.ConfigDict:
-    """The resolved trainer config of one method (overrides take effect or raise)."""
-    return rl_config.with_method(cfg.rl, method)
+def run_config(cfg: ml_collections.ConfigDict, method: str, seed: int = 0
+               ) -> ml_collections.ConfigDict:
+    """The trainer config of one run: `cfg.rl` with `method` (a name) and `seed` set."""
+    rl = rl_config.for_method(cfg.rl, method)
+    rl.seed = int(seed)
+    return rl
+
+
+def arm(method: str, seed: int) -> str:
+    """A run's name (its directory under `rl/` and its `eval/` record): the method for seed 0
+    (the layout of runs made before `compare.seeds`), `<method>_seed<k>` otherwise."""
+    return method if seed == 0 else f"{method}_seed{seed}"
 
 
 #: Model options left out of fingerprints at their default (added after the first runs):
@@ -88,29 +103,33 @@ def model_fingerprint(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     return loop.trim_fields(cfg.model.to_dict(), defaults=MODEL_DEFAULTS)
 
 
-def rl_fingerprint(cfg: ml_collections.ConfigDict, rl: ml_collections.ConfigDict
-                   ) -> dict[str, Any]:
-    """What defines one RL run: the initial policy, the task and the resolved RL config."""
+def rl_fingerprint(cfg: ml_collections.ConfigDict, rl: ml_collections.ConfigDict,
+                   method: methods_lib.Method) -> dict[str, Any]:
+    """What defines one RL run: the initial policy, the task, the RL config and its method."""
     return {"model": model_fingerprint(cfg), "task": cfg.task.to_dict(),
-            "rl": rl_config.fingerprint(rl)}
+            "rl": rl_config.fingerprint(rl, method)}
 
 
-def restore_policy(rl_cfg: ml_collections.ConfigDict, task: MathTask, model: Decoder, mesh,
-                   directory: str, step: int | None = None) -> Decoder:
+def restore_policy(rl_cfg: ml_collections.ConfigDict, method: methods_lib.Method,
+                   task: MathTask, model: Decoder, mesh, directory: str,
+                   step: int | None = None) -> Decoder:
     """`model`'s graph with the parameters of a trainer checkpoint (latest step by default).
 
     The checkpoint must come from a run with the same model, task split sizes and optimiser
     (`rl_cfg`); otherwise `CheckpointError` lists the mismatching paths.
     """
-    trainer = trainer_lib.Trainer(rl_cfg, task, model, mesh)
+    trainer = trainer_lib.Trainer(rl_cfg, task, model, mesh, method=method)
     with Checkpointer(directory) as ckpt:
         state, meta = ckpt.restore(trainer.abstract_state(trainer.init_state(model)), step)
     logging.info("policy parameters from %s (step %d)", directory, meta["step"])
     return trainer.model(state)
 
 
-def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str]) -> None:
-    """Every field the stages read, checked before the model loads."""
+def validate(cfg: ml_collections.ConfigDict
+             ) -> tuple[dict[str, methods_lib.Method], list[int]]:
+    """Every field the stages read, checked before any model or data loads; returns the
+    compared methods, each resolved once (`compare.methods` with the `rl.allocation.*` /
+    `rl.estimator` overrides), and the seeds (`compare.seeds`)."""
     c = common.check
     m = cfg.model
     c(m.source in MODEL_SOURCES, "model.source", m.source, f"one of {MODEL_SOURCES}")
@@ -118,24 +137,81 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str]) -> None:
       "a GGUF file (source 'gguf') or a Hugging Face directory (source 'hf')")
     for field in ("dtype", "param_dtype"):
         c(m[field] in DTYPE_NAMES, f"model.{field}", m[field], f"one of {DTYPE_NAMES}")
+    validate_task(cfg)
     c(cfg.rl.method is None, "rl.method", cfg.rl.method,
       "unset: the study sets it per run from config.compare.methods")
-    for method in methods:
+    c(cfg.rl.seed == 0, "rl.seed", cfg.rl.seed,
+      "0 (unset): the study sets it per run from config.compare.seeds")
+    names = common.method_names(cfg.compare.methods, "compare.methods")
+    seeds = common.nonempty(common.int_list(cfg.compare.seeds, "compare.seeds"),
+                            "compare.seeds")
+    c(len(set(seeds)) == len(seeds), "compare.seeds", cfg.compare.seeds, "distinct seeds")
+    methods = {}
+    for name in names:
+        rl = run_config(cfg, name)
         try:
-            rl_config.validate(run_config(cfg, method))
+            methods[name] = rl_config.method(rl)
+            rl_config.validate(rl, methods[name])
         except ValueError as e:
-            raise common.StudyError(f"method {method!r}: {e}") from None
+            raise common.StudyError(f"method {name!r}: {e}") from None
     e = cfg.eval
     for field in ("num_samples", "num_prompts", "batch_size"):
-        c(common.positive_int(e[field]), f"eval.{field}", e[field], "an integer >= 1")
-    c(isinstance(e.temperature, int | float) and np.isfinite(e.temperature) and
-      e.temperature >= 0, "eval.temperature", e.temperature, "a finite number >= 0")
-    c(isinstance(e.top_p, int | float) and 0 < e.top_p <= 1, "eval.top_p", e.top_p, "(0, 1]")
-    c(isinstance(e.top_k, int) and e.top_k >= 0, "eval.top_k", e.top_k, ">= 0")
-    c(isinstance(e.max_new_tokens, int) and e.max_new_tokens >= 0, "eval.max_new_tokens",
+        c(validation.is_positive_int(e[field]), f"eval.{field}", e[field], "an integer >= 1")
+    c(validation.is_number(e.temperature) and e.temperature >= 0, "eval.temperature",
+      e.temperature, "a finite number >= 0")
+    c(validation.is_number(e.top_p) and 0 < e.top_p <= 1, "eval.top_p", e.top_p, "(0, 1]")
+    c(validation.is_int(e.top_k) and e.top_k >= 0, "eval.top_k", e.top_k, ">= 0")
+    c(validation.is_int(e.max_new_tokens) and e.max_new_tokens >= 0, "eval.max_new_tokens",
       e.max_new_tokens, ">= 0 (0 = the task's)")
+    c(validation.is_int(e.seed), "eval.seed", e.seed, "an integer")
     c(e.get("kv_cache_dtype", "") in CACHE_DTYPE_NAMES, "eval.kv_cache_dtype",
       e.get("kv_cache_dtype"), CACHE_DTYPE_HELP)
+    return methods, seeds
+
+
+def validate_task(cfg: ml_collections.ConfigDict) -> None:
+    """The `task` block (`mathqa.task.task_config`) and the batch it must fill: P =
+    `rl.prompts_per_step` distinct training problems per step, so `task.num_train` (or
+    `task.train_limit` for files) >= P. StudyError naming the field."""
+    c = common.check
+    t = cfg.task
+    is_int, pos = validation.is_int, validation.is_positive_int
+    c(t.source in SOURCES, "task.source", t.source, f"one of {SOURCES}")
+    p = cfg.rl.prompts_per_step
+    if t.source == "arithmetic":
+        for field in ("num_train", "num_eval"):
+            c(pos(t[field]), f"task.{field}", t[field], "an integer >= 1")
+        c(is_int(t.seed), "task.seed", t.seed, "an integer")
+        c(isinstance(t.steps, tuple | list) and len(t.steps) > 0 and all(
+            pos(x) for x in t.steps), "task.steps", t.steps, "a tuple of integers >= 1")
+        names = [x.strip() for x in str(t.templates or "").split(",") if x.strip()]
+        c(isinstance(t.templates, str) and set(names) <= set(TEMPLATE_NAMES), "task.templates",
+          t.templates, f"'' (all) or a comma-separated subset of {TEMPLATE_NAMES}")
+        c(not pos(p) or p <= t.num_train, "task.num_train", t.num_train,
+          f">= rl.prompts_per_step={p} (each step takes P distinct training problems)")
+    else:
+        for split in ("train", "eval"):
+            path = t[f"{split}_path"]
+            c(isinstance(path, str) and bool(path), f"task.{split}_path", path,
+              "a GSM8K/MATH .jsonl/.parquet file or directory (source 'files')")
+            c(is_int(t[f"{split}_limit"]) and t[f"{split}_limit"] >= 0, f"task.{split}_limit",
+              t[f"{split}_limit"], "an integer >= 0 (0 = all)")
+            levels = t[f"{split}_levels"]
+            c(levels is None or (isinstance(levels, tuple | list) and all(
+                is_int(x) for x in levels)), f"task.{split}_levels", levels,
+              "None (all) or a tuple of integer levels")
+        c(t.format in FORMATS, "task.format", t.format, f"one of {FORMATS}")
+        c(not (pos(p) and t.train_limit) or p <= t.train_limit, "task.train_limit",
+          t.train_limit, f"0 (all) or >= rl.prompts_per_step={p}")
+    c(t.template in PROMPT_TEMPLATES, "task.template", t.template,
+      f"one of {sorted(PROMPT_TEMPLATES)}")
+    c(validation.is_bool(t.chat), "task.chat", t.chat, "True or False")
+    c(t.system is None or isinstance(t.system, str), "task.system", t.system,
+      "None (the model's default) or a string")
+    c(pos(t.max_new_tokens), "task.max_new_tokens", t.max_new_tokens, "an integer >= 1")
+    c(is_int(t.max_prompt_len) and t.max_prompt_len >= 0, "task.max_prompt_len",
+      t.max_prompt_len, "an integer >= 0 (0 = no cap)")
+    c(pos(t.grade_timeout_s), "task.grade_timeout_s", t.grade_timeout_s, "an integer >= 1")
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -227,8 +303,9 @@ def sample_examples(model: Decoder, task: MathTask, ids: Sequence[int],
 # ----------------------------------------------------------------------------- stages
 
 
-def run_dir(workdir: str, method: str) -> str:
-    return os.path.join(workdir, "rl", method)
+def run_dir(workdir: str, name: str) -> str:
+    """`rl/<name>` of a run (`arm(method, seed)`)."""
+    return os.path.join(workdir, "rl", name)
 
 
 def eval_fingerprint(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -251,18 +328,19 @@ def stage_eval_initial(cfg, workdir: str, model: Decoder, task: MathTask, mesh) 
                               eval_fingerprint(cfg), compute)
 
 
-def stage_rl(cfg, workdir: str, method: str, model: Decoder, task: MathTask, mesh,
-             stop_after: int | None = None) -> loop.Result:
-    """RL of one method from the initial policy on the one loop; resumes its own checkpoint.
-
-    `stop_after` (tests) stops after that many steps of this call, as a kill would.
-    """
-    rl = run_config(cfg, method)
-    out = run_dir(workdir, method)
-    trainer = trainer_lib.Trainer(rl, task, model, mesh)
+def stage_rl(cfg, workdir: str, method: methods_lib.Method, seed: int, model: Decoder,
+             task: MathTask, mesh, stop_after: int | None = None) -> loop.Result:
+    """RL of one method and seed from the initial policy on the one loop; resumes its own
+    checkpoint. `stop_after` (tests) stops after that many steps of this call, as a kill
+    would."""
+    rl = run_config(cfg, method.name, seed)
+    name = arm(method.name, seed)
+    out = run_dir(workdir, name)
+    trainer = trainer_lib.Trainer(rl, task, model, mesh, method=method)
     counter = common.RolloutCounter(out, trainer.budget)
     result = loop.run(
-        trainer_lib.RLProgram(trainer, model), out, fingerprint=rl_fingerprint(cfg, rl),
+        trainer_lib.RLProgram(trainer, model), out,
+        fingerprint=rl_fingerprint(cfg, rl, method),
         resumable=trainer_lib.RESUMABLE,
         schedule=loop.Schedule(num_steps=rl.num_steps, checkpoint_every=rl.checkpoint_every,
                                max_to_keep=rl.max_checkpoints_to_keep, log_every=rl.log_every,
@@ -271,47 +349,48 @@ def stage_rl(cfg, workdir: str, method: str, model: Decoder, task: MathTask, mes
                          log_keys=("reward_mean", "mixed_fraction", "kappa_min", "loss",
                                    "tokens_per_s", "step_time")),
         stop_after=stop_after)
-    log_timing(workdir, f"rl/{method}", result.seconds)
+    log_timing(workdir, f"rl/{name}", result.seconds)
     return result
 
 
-def stage_eval_after(cfg, workdir: str, method: str, model: Decoder, task: MathTask,
-                     mesh) -> dict | None:
-    """Evaluate a method's final checkpoint once (`eval/<method>.json`); None if unfinished."""
-    rl = run_config(cfg, method)
-    ckpt_dir = os.path.join(run_dir(workdir, method), "checkpoints")
+def stage_eval_after(cfg, workdir: str, method: methods_lib.Method, seed: int, model: Decoder,
+                     task: MathTask, mesh) -> dict | None:
+    """Evaluate a run's final checkpoint once (`eval/<arm>.json`); None if unfinished."""
+    rl = run_config(cfg, method.name, seed)
+    name = arm(method.name, seed)
+    ckpt_dir = os.path.join(run_dir(workdir, name), "checkpoints")
     with Checkpointer(ckpt_dir) as ckpt:
         latest = ckpt.latest_step()
         meta = ckpt.restore_meta(latest) if latest is not None else {}
     if latest is None or latest < rl.num_steps:
         logging.warning("%s: RL not finished (latest checkpoint %s of %d steps); not evaluated",
-                        method, latest, rl.num_steps)
+                        name, latest, rl.num_steps)
         return None
-    loop.check_fingerprint(meta.get("fingerprint"), rl_fingerprint(cfg, rl),
-                           trainer_lib.RESUMABLE, ckpt_dir)
+    fingerprint = rl_fingerprint(cfg, rl, method)
+    loop.check_fingerprint(meta.get("fingerprint"), fingerprint, trainer_lib.RESUMABLE, ckpt_dir)
 
     def compute() -> dict:
-        policy = restore_policy(rl, task, model, mesh, ckpt_dir, rl.num_steps)
+        policy = restore_policy(rl, method, task, model, mesh, ckpt_dir, rl.num_steps)
         record = evaluate_policy(policy, task, cfg, mesh)
         record["rl_steps"] = int(rl.num_steps)
-        train = read_jsonl(os.path.join(run_dir(workdir, method), loop.TRAIN_RECORDS))
+        train = read_jsonl(os.path.join(run_dir(workdir, name), loop.TRAIN_RECORDS))
         if train:
             record["rollouts"], record["tokens"] = train[-1]["rollouts"], train[-1]["tokens"]
-        log_timing(workdir, f"eval/{method}", record["seconds"])
-        logging.info("%s after RL: pass@k %s maj@n %s", method, record["pass_at_k"],
+        log_timing(workdir, f"eval/{name}", record["seconds"])
+        logging.info("%s after RL: pass@k %s maj@n %s", name, record["pass_at_k"],
                      record["maj_at_n"])
         return record
 
-    fingerprint = {**rl_fingerprint(cfg, rl), "eval": eval_fingerprint(cfg)["eval"]}
-    return common.cached_json(os.path.join(workdir, "eval", f"{method}.json"), fingerprint,
-                              compute)
+    return common.cached_json(os.path.join(workdir, "eval", f"{name}.json"),
+                              {**fingerprint, "eval": eval_fingerprint(cfg)["eval"]}, compute)
 
 
 # ----------------------------------------------------------------------------- report
 
 
 def report(cfg, workdir: str, methods: Sequence[str]) -> dict[str, Any]:
-    """`results/pass_at_k.{json,md,png}` from the finished evaluations and training logs."""
+    """`results/pass_at_k.{json,md,png}` from the finished evaluations and training logs of
+    the runs `methods` (names `arm(method, seed)`)."""
     results_dir = os.path.join(workdir, "results")
     os.makedirs(results_dir, exist_ok=True)
     evals = {"initial": read_json(os.path.join(workdir, "eval", "initial.json"))}
@@ -406,12 +485,13 @@ def plot_results(evals: dict[str, dict], train: dict[str, list[dict]], path: str
 
 def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
         mesh: jax.sharding.Mesh | None = None) -> dict[str, Any] | None:
-    """Run a stage (see the module docstring) after validating everything; returns the
-    report table after `eval`/`all`."""
+    """Run a stage (see the module docstring) after validating everything (before any model
+    or data loads); returns the report table after `eval`/`all`, with `summary` (the
+    pass@k markdown)."""
     if stage not in STAGES:
         raise common.StudyError(f"stage={stage!r} is not one of {STAGES}")
-    methods = common.parse_methods(cfg.compare.methods, "config.compare.methods")
-    validate(cfg, methods)
+    methods, seeds = validate(cfg)
+    runs = [(m, seed) for m in methods.values() for seed in seeds]
     workdir = common.prepare_workdir(workdir)
     trainer_lib.initialize_distributed(cfg.rl)
     logging.info("JAX process %d of %d, %d devices", jax.process_index(), jax.process_count(),
@@ -422,13 +502,13 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     if stage in ("all", "eval"):
         stage_eval_initial(cfg, workdir, model, task, mesh)
     if stage in ("all", "rl"):
-        for method in methods:
-            stage_rl(cfg, workdir, method, model, task, mesh)
+        for method, seed in runs:
+            stage_rl(cfg, workdir, method, seed, model, task, mesh)
     if stage in ("all", "eval"):
-        for method in methods:
-            stage_eval_after(cfg, workdir, method, model, task, mesh)
-        table = report(cfg, workdir, methods)
+        for method, seed in runs:
+            stage_eval_after(cfg, workdir, method, seed, model, task, mesh)
+        table = report(cfg, workdir, [arm(m.name, seed) for m, seed in runs])
         with open(os.path.join(workdir, "results", "pass_at_k.md")) as f:
-            logging.info("results:\n%s", f.read())
-        return table
+            summary = f.read()
+        return {**table, "summary": summary}
     return None

@@ -13,20 +13,19 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from sera_jax import sharding
+from sera_jax.models import attention as attention_lib
 from sera_jax.models import configs
 from sera_jax.models import decoder as decoder_lib
+from sera_jax.models.attention import constrain_batch, map_row_chunks
 from sera_jax.models.decoder import (
     LOGICAL_AXIS_NAMES,
     Decoder,
     DecoderConfig,
-    constrain_batch,
     count_params,
     init_cache,
-    map_row_chunks,
     positions_from_mask,
-    shared_prefix_logprobs,
-    token_logprobs,
 )
+from sera_jax.models.logprobs import shared_prefix_logprobs, token_logprobs
 
 TINY = DecoderConfig(vocab_size=37, hidden_size=32, intermediate_size=48, num_layers=2,
                      num_heads=4, num_kv_heads=2, rope_theta=1e4)
@@ -304,7 +303,7 @@ def test_row_chunked_attention_matches_whole_batch(monkeypatch):
     positions = positions_from_mask(mask)
     fwd = nnx.jit(lambda m, t, p, a: m(t, p, attention_mask=a)[0])
     want = np.asarray(fwd(model, tokens, positions, mask))
-    monkeypatch.setattr(decoder_lib, "_SCORE_BLOCK_BYTES", 1)  # one row per step
+    monkeypatch.setattr(attention_lib, "_SCORE_BLOCK_BYTES", 1)  # one row per step
     got = np.asarray(nnx.jit(lambda m, t, p, a: m(t, p, attention_mask=a)[0])(
         model, tokens, positions, mask))
     np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-6)
@@ -321,7 +320,8 @@ import sys
 import jax
 from flax import nnx
 from sera_jax import sharding
-from sera_jax.models.decoder import Decoder, DecoderConfig, token_logprobs
+from sera_jax.models.decoder import Decoder, DecoderConfig
+from sera_jax.models.logprobs import token_logprobs
 
 cfg = DecoderConfig(vocab_size=37, hidden_size=32, intermediate_size=48, num_layers=2,
                     num_heads=4, num_kv_heads=2)
@@ -638,7 +638,7 @@ def test_bf16_attention_rounds_probabilities_like_the_bf16_program():
     q, k, v = (jnp.asarray(rng.normal(size=shape), jnp.bfloat16) for shape in
                ((b, t, hkv, g, dh), (b, hkv, dh, s), (b, hkv, s, dh)))
     mask = jnp.ones((b, t, s), bool)
-    got = np.asarray(decoder_lib._attend(q, k, v, mask))
+    got = np.asarray(attention_lib.attend(q, k, v, mask))
     q32, k32, v32 = (np.asarray(x, np.float32) for x in (q, k, v))
     scores = np.einsum("btkgd,bkds->bkgts", q32, k32)
     weights = np.exp(scores - scores.max(-1, keepdims=True))

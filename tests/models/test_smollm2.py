@@ -9,7 +9,8 @@ import pytest
 from flax import nnx
 
 from sera_jax.models import embedded
-from sera_jax.models.decoder import init_cache, token_logprobs
+from sera_jax.models.decoder import init_cache
+from sera_jax.models.logprobs import token_logprobs
 
 SENTENCES = [
     "The cat sat on the mat and looked out of the window.",

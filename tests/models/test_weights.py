@@ -501,3 +501,81 @@ def test_gguf_metadata_of_the_wrong_kind(tmp_path, good_gguf):
     with pytest.raises(ValueError, match=r"bad.gguf: GGUF metadata llama.block_count='two' is "
                                          r"not of type int"):
         load_gguf(tmp_path / "bad.gguf")
+
+
+# ---------------------------------------------- integrity: checksums where they exist
+
+
+def _flip_data_byte(file):
+    """XOR the lowest mantissa byte of a float32 near the middle of the tensor data: the
+    value stays finite (the NaN / Inf check cannot see it)."""
+    data = bytearray(open(file, "rb").read())
+    start = 8 + int.from_bytes(data[:8], "little")  # safetensors: u64 header size, header
+    offset = start + 4 * ((len(data) - start) // 8)
+    data[offset] ^= 0x01
+    open(file, "wb").write(bytes(data))
+
+
+def _sha256(file):
+    import hashlib
+
+    return hashlib.sha256(open(file, "rb").read()).hexdigest()
+
+
+def test_a_flipped_data_byte_is_caught_by_a_sha256_sidecar(tmp_path, good_hf):
+    path = _copy(good_hf[0], tmp_path / "ckpt")
+    st = path / "model.safetensors"
+    (path / "model.safetensors.sha256").write_text(f"{_sha256(st)}  model.safetensors\n")
+    load_hf_checkpoint(path)  # intact: verified and loaded
+    _flip_data_byte(st)
+    with pytest.raises(ValueError, match=r"model\.safetensors: sha256 [0-9a-f]{64} does not "
+                       r"match .* from .*model\.safetensors\.sha256.*re-download"):
+        load_hf_checkpoint(path)
+
+
+def test_a_flipped_data_byte_is_caught_in_the_hub_cache(tmp_path, good_hf):
+    """Hub layout: snapshots/<rev>/model.safetensors -> ../../blobs/<sha256>."""
+    src = good_hf[0] / "model.safetensors"
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / "abc123"
+    blobs.mkdir()
+    snap.mkdir(parents=True)
+    blob = blobs / _sha256(src)
+    blob.write_bytes(src.read_bytes())
+    (snap / "model.safetensors").symlink_to(os.path.relpath(blob, snap))
+    (snap / "config.json").write_bytes((good_hf[0] / "config.json").read_bytes())
+    load_hf_checkpoint(snap)
+    _flip_data_byte(blob)
+    with pytest.raises(ValueError, match=r"does not match .* from the hub cache blob name"):
+        load_hf_checkpoint(snap)
+
+
+def test_without_a_checksum_a_flipped_byte_loads_as_documented(tmp_path, good_hf):
+    """The stated limit: safetensors carries no checksum; a finite flip is not detected."""
+    from sera_jax.models import checksums, weights
+
+    path = _copy(good_hf[0], tmp_path / "ckpt")
+    _flip_data_byte(path / "model.safetensors")
+    assert checksums.verify_file(path / "model.safetensors") is False
+    load_hf_checkpoint(path)
+    assert "NOT detected" in weights.load_hf_checkpoint.__doc__
+
+
+def test_a_malformed_sidecar_is_named(tmp_path, good_hf):
+    path = _copy(good_hf[0], tmp_path / "ckpt")
+    (path / "model.safetensors.sha256").write_text("not-a-digest\n")
+    with pytest.raises(ValueError, match=r"model\.safetensors\.sha256: not a sha256 checksum"):
+        load_hf_checkpoint(path)
+
+
+def test_a_gguf_with_a_sidecar_is_verified(tmp_path, good_gguf):
+    import shutil
+
+    path = tmp_path / "m.gguf"
+    shutil.copy(good_gguf[0], path)
+    (tmp_path / "m.gguf.sha256").write_text(_sha256(path))
+    load_gguf(path)
+    data = bytearray(path.read_bytes())
+    data[-16] ^= 0x01  # tensor data sits at the end of the file
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"m\.gguf: sha256 .* does not match"):
+        load_gguf(path)

@@ -38,3 +38,62 @@ def test_changed_hyperparameters_are_named():
 def test_a_checkpoint_without_fingerprint_is_refused():
     with pytest.raises(CheckpointError, match="no experiment fingerprint"):
         loop.check_fingerprint(None, {"rl": {}}, RESUMABLE, "/ckpt")
+
+
+def _old_fingerprint(config, name):
+    """The run fingerprint before the method was passed as a `Method`: the resolved method
+    written into a copy of the config (the former `rl_config.with_method`), then trimmed."""
+    import ml_collections
+
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.method = name
+    m = config_lib.method(c)
+    c.allocation.name = m.allocator
+    for key in ("mode", "rounding", "threshold"):
+        c.allocation[key] = m.options.get(key, c.allocation[key])
+    c.allocation.multiplicity = m.multiplicity
+    c.estimator = m.estimator
+    d = c.to_dict()
+    for k in ("name", "schedule", "warmup_steps", "momentum", "weight_decay_mask"):
+        del d["optimizer"][k]  # the optimiser block before `sera_jax.optim`
+    return loop.trim_fields(d, config_lib.FINGERPRINT_OMIT, {
+        k: v for k, v in config_lib.FINGERPRINT_DEFAULTS.items()
+        if not k.startswith("optimizer.")})
+
+
+@pytest.mark.parametrize("name, overrides", [
+    ("sera", {}), ("uniform", {}), ("grpo", {}), ("sera_no_multiplicity", {}),
+    ("sera", {"threshold": 0.2}), ("sera", {"mode": "equalized"}),
+    ("uniform", {"estimator": "rloo"}), ("sera", {"name": "knapsack"}),
+])
+def test_fingerprints_of_earlier_runs_hold(name, overrides):
+    """The method is resolved once and passed as a `Method`; nothing is written into the
+    config, and the fingerprint is the one runs recorded before (so they still resume)."""
+    config = config_lib.get_config()
+    for k, v in overrides.items():
+        if k == "estimator":
+            config.estimator = v
+        else:
+            config.allocation[k] = v
+    run = config_lib.for_method(config, name)
+    before = run.to_dict()
+    method = config_lib.validate(run)  # resolves it once
+    assert config_lib.fingerprint(run, method) == _old_fingerprint(config, name)
+    assert run.to_dict() == before  # nothing resolved was written into the config
+    assert method == config_lib.method(run)
+
+
+def test_a_given_method_must_match_the_configs_name():
+    run = config_lib.for_method(config_lib.get_config(), "sera")
+    uniform = config_lib.method(config_lib.for_method(config_lib.get_config(), "uniform"))
+    with pytest.raises(ValueError, match=r"config.method='sera' is invalid; allowed: unset or "
+                                         r"'uniform'"):
+        config_lib.validate(run, uniform)
+    run.method = None
+    assert config_lib.validate(run, uniform) is uniform
+
+
+def test_methods_the_lm_trainer_cannot_run_are_refused_by_name():
+    for name, match in (("sera_sequential", "in-step pilot"), ("dapo", "dynamic sampling")):
+        with pytest.raises(ValueError, match=match):
+            config_lib.validate(config_lib.for_method(config_lib.get_config(), name))

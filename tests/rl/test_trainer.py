@@ -11,6 +11,7 @@ import optax
 import pytest
 from flax import nnx
 
+from sera_jax import optim
 from sera_jax import sharding as shd
 from sera_jax.rl import config as config_lib
 from sera_jax.rl import trainer as trainer_lib
@@ -36,6 +37,10 @@ def small_config(**changes):
             target = target[p]
         target[last] = v
     return c
+
+
+def run_fingerprint(config):
+    return config_lib.fingerprint(config, config_lib.method(config))
 
 
 def one_device_mesh():
@@ -248,9 +253,9 @@ def test_skip_zero_advantage_same_gradient_fewer_micro_batches():
         np.testing.assert_allclose(np.asarray(c), np.asarray(a), rtol=1e-4, atol=1e-7)
 
     # Both options stay out of fingerprints at their defaults (earlier runs keep theirs).
-    fp = config_lib.fingerprint(small_config())
+    fp = run_fingerprint(small_config())
     assert "skip_zero_advantage" not in fp and "train_length_bucket" not in fp
-    fp = config_lib.fingerprint(small_config(skip_zero_advantage=True, train_length_bucket=8))
+    fp = run_fingerprint(small_config(skip_zero_advantage=True, train_length_bucket=8))
     assert fp["skip_zero_advantage"] is True and fp["train_length_bucket"] == 8
 
 
@@ -309,9 +314,9 @@ def test_share_prompt_prefix_same_loss_and_gradient(packed):
     assert m_shared["trained_micro_batches"] == want
     for a, b in zip(jax.tree.leaves(s_plain.params), jax.tree.leaves(s_shared.params)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
-    fp = config_lib.fingerprint(small_config())
+    fp = run_fingerprint(small_config())
     assert "share_prompt_prefix" not in fp
-    assert config_lib.fingerprint(small_config(share_prompt_prefix=True))["share_prompt_prefix"]
+    assert run_fingerprint(small_config(share_prompt_prefix=True))["share_prompt_prefix"]
 
 
 def test_train_length_bucket_cuts_padding_only():
@@ -392,6 +397,9 @@ def test_config_validation_names_the_field():
         ("allocation.name", "nope", "allocation.name"),
         ("sampling.top_p", 0.0, "sampling.top_p"),
         ("allocation.unseen", "ignore", "allocation.unseen"),
+        ("optimizer.schedule", "cosine", "optimizer.schedule='cosine' is invalid"),
+        ("optimizer.name", "adam", "optimizer.name"),
+        ("method", "sera_dynamic", "'sera_dynamic' was renamed 'sera'"),
     ]:
         with pytest.raises(ValueError, match=match):
             config_lib.validate(small_config(**{field: value}))
@@ -399,6 +407,26 @@ def test_config_validation_names_the_field():
     with pytest.raises(ValueError, match="batch shards"):
         mesh = shd.make_mesh((8, 1, 1))
         trainer_lib.Trainer(small_config(micro_batch_size=4), EmitTask(), tiny_model(), mesh)
+
+
+def test_an_sgd_optimizer_block_trains_through_optax():
+    """Any `sera_jax.optim` block the trainer accepts trains; AdamW on a constant schedule
+    takes the fused step, anything else optax's update (here SGD: p' = p - lr (g + wd p))."""
+    config = small_config(**{"optimizer.name": "sgd", "optimizer.momentum": 0.0,
+                             "optimizer.grad_clip": 0.0, "optimizer.weight_decay": 0.0})
+    assert not trainer_lib.fuses_adamw(config) and trainer_lib.fuses_adamw(small_config())
+    model = tiny_model()
+    trainer = trainer_lib.Trainer(config, EmitTask(), model, one_device_mesh())
+    state = with_history(trainer.init_state(model), [0.1, 0.5, 0.9, 0.3])
+    before = jax.tree.map(np.asarray, state.params)
+    rollouts, _, _ = trainer.collect(state)
+    _, grads = trainer.gradients(state.params, trainer.device_batch(rollouts))
+    state, metrics = trainer.step(state)
+    assert metrics["finite"] == 1.0
+    lr = config.optimizer.learning_rate
+    for b, g, a in zip(jax.tree.leaves(before), jax.tree.leaves(grads),
+                       jax.tree.leaves(state.params)):
+        np.testing.assert_allclose(np.asarray(a), b - lr * np.asarray(g), rtol=1e-5, atol=1e-7)
 
 
 def test_evaluate_pass_at_k_and_majority(tmp_path):
@@ -433,13 +461,13 @@ def test_majority_vote():
 
 @pytest.mark.parametrize("grad_clip", [0.5, 0.0])
 def test_fused_adamw_step_equals_optax_clip_and_adamw(grad_clip):
-    """`fused_adamw_step` gives the values of `make_optimizer`'s optax chain (update +
+    """`fused_adamw_step` gives the values of `optim.make_optimizer`'s optax chain (update +
     apply_updates) over several steps up to float rounding, the clip active or off, in the
     same state pytree; `apply = False` leaves parameters and state exactly untouched, also
     for NaN gradients."""
     config = small_config(**{"optimizer.grad_clip": grad_clip,
                              "optimizer.weight_decay": 0.1})
-    tx = trainer_lib.make_optimizer(config)
+    tx = optim.make_optimizer(config.optimizer)
     rng = np.random.default_rng(0)
     params = {"w": jnp.asarray(rng.normal(size=(5, 3)), jnp.float32),
               "b": jnp.asarray(rng.normal(size=(3,)), jnp.float32)}

@@ -12,16 +12,23 @@ from tests import util
 
 
 def test_lists_and_methods_are_parsed_or_refused_by_name():
-    assert common.parse_list("0, 1,2", int, "--seeds") == [0, 1, 2]
-    with pytest.raises(common.StudyError, match=r"--seeds='abc': expected a comma-separated"):
-        common.parse_list("abc", int, "--seeds")
-    with pytest.raises(common.StudyError, match="--seeds is empty"):
-        common.parse_list(" , ", int, "--seeds")
-    assert common.parse_methods("uniform,sera") == ["uniform", "sera"]
+    assert common.int_list(["0", "2"], "--seeds") == [0, 2]  # absl DEFINE_list strings
+    with pytest.raises(common.StudyError, match=r"--seeds='0,x': expected a comma-separated"):
+        common.int_list(["0", "x"], "--seeds")
+    with pytest.raises(common.StudyError, match=r"compare.seeds='0,1' is a string; write a tuple"):
+        common.int_list("0,1", "compare.seeds")
+    assert common.method_names(("uniform", "sera"), "compare.methods") == ["uniform", "sera"]
     with pytest.raises(common.StudyError, match="did you mean 'sera'"):
-        common.parse_methods("uniform,serra")
+        common.method_names(("uniform", "serra"), "compare.methods")
     with pytest.raises(common.StudyError, match="twice"):
-        common.parse_methods("sera,sera")
+        common.method_names(("sera", "sera"), "compare.methods")
+    with pytest.raises(common.StudyError, match="is a string; write a tuple"):
+        common.method_names("uniform,sera", "compare.methods")
+    # An old method name names its new home, not a misleading nearest name.
+    with pytest.raises(common.StudyError, match="'sera_dynamic' was renamed 'sera'; use 'sera'"):
+        common.method_names(("sera_dynamic",), "compare.methods")
+    with pytest.raises(common.StudyError, match=r"config.x=0 is invalid; allowed: >= 1"):
+        common.check(common.positive_int(0), "x", 0, ">= 1")
 
 
 def test_workdir_must_be_a_writable_directory(tmp_path):
@@ -56,7 +63,7 @@ def test_unknown_override_names_the_nearest_key():
 
 @pytest.mark.parametrize("args, match", [
     (["--seeds=abc"], "--seeds='abc': expected a comma-separated list"),
-    (["--methods=sera,nope"], "--methods has 'nope'"),
+    (["--methods=sera,nope"], "--methods: unknown method 'nope'"),
     (["--stage=eval"], "run --stage=sft first"),
 ])
 def test_maze_binary_refuses_bad_arguments_in_one_line(tmp_path, args, match):

@@ -73,7 +73,7 @@ def tiny_config(policy_dir: str):
     cfg.rl.allocation.n_max = 4
     cfg.rl.checkpoint_every = 2
     cfg.rl.optimizer.learning_rate = 0.0  # parameters stay put: "after" must equal "before"
-    cfg.compare.methods = "sera"
+    cfg.compare.methods = ("sera",)
     cfg.eval.num_samples = 4
     cfg.eval.num_prompts = 4
     cfg.eval.batch_size = 16
@@ -135,16 +135,45 @@ def test_rl_and_eval_end_to_end(policy_dir, tmp_path):
     assert open(os.path.join(workdir, "rl", "sera", "config.json")).read() == saved
 
 
-def test_validation_before_the_model_loads(policy_dir, tmp_path):
-    cfg = tiny_config(policy_dir)
-    cfg.model.path = str(tmp_path / "missing")  # would fail to load: validation comes first
-    for field, value, match in (("compare.methods", "sera,serra", "did you mean 'sera'"),
-                                ("eval.top_p", 0.0, "eval.top_p"),
-                                ("rl.optimizer.learning_rate", float("inf"), "learning_rate")):
+def test_validation_before_the_model_loads(policy_dir, tmp_path, monkeypatch):
+    """Every config value is checked before the model or any data loads (a P larger than
+    the training set used to be refused only after the model had loaded)."""
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model or data was loaded before validation finished")
+
+    monkeypatch.setattr(mr, "load_policy", no_loading)
+    monkeypatch.setattr(mr, "task_from_config", no_loading)
+    for field, value, match in (
+            ("compare.methods", ("sera", "serra"), "did you mean 'sera'"),
+            ("compare.methods", ("sera_dynamic",), "'sera_dynamic' was renamed 'sera'"),
+            ("compare.seeds", (0, 0), "distinct seeds"),
+            ("compare.methods", ("sera_sequential",), "in-step pilot"),
+            ("rl.seed", 3, "compare.seeds"),
+            ("task.num_train", 3, r"task.num_train=3 is invalid; allowed: >= "
+                                  r"rl.prompts_per_step=4"),
+            ("task.templates", "add,pow", "task.templates"),
+            ("task.max_new_tokens", 0, "task.max_new_tokens"),
+            ("eval.top_p", 0.0, "eval.top_p"),
+            ("rl.optimizer.learning_rate", float("inf"), "learning_rate")):
         bad = util.set_field(tiny_config(policy_dir), field, value)
         with pytest.raises(common.StudyError, match=match):
             mr.run(bad, str(tmp_path / "w"), stage="all")
     assert not os.path.exists(tmp_path / "w")
+
+
+def test_methods_and_seeds_resolve_once(policy_dir):
+    cfg = tiny_config(policy_dir)
+    cfg.compare.methods = ("uniform", "sera")
+    cfg.compare.seeds = (0, 2)
+    cfg.rl.allocation.threshold = 0.2  # an override of sera's preset, refused by uniform?
+    with pytest.raises(common.StudyError, match="method 'uniform'.*threshold"):
+        mr.validate(cfg)
+    cfg.rl.allocation.threshold = None
+    methods, seeds = mr.validate(cfg)
+    assert list(methods) == ["uniform", "sera"] and seeds == [0, 2]
+    assert methods["sera"] == mr.methods_lib.get_method("sera")
+    assert [mr.arm("sera", s) for s in seeds] == ["sera", "sera_seed2"]
+    assert cfg.rl.method is None and cfg.rl.allocation.name is None  # nothing written back
 
 
 def test_missing_embedded_model_names_the_command(monkeypatch, policy_dir):
@@ -192,16 +221,17 @@ def test_task_prompts_scores_and_answers(policy_dir):
                                   "qwen3_4b_polaris"])
 def test_configs_are_valid(name):
     cfg = config_files.get_config(os.path.join(ROOT, "configs", "math", f"{name}.py"))
-    methods = common.parse_methods(cfg.compare.methods)
     if cfg.model.source != "embedded":  # paper configs: the checkpoint path is the user's
         with pytest.raises(common.StudyError, match="config.model.path"):
-            mr.validate(cfg, methods)
+            mr.validate(cfg)
         cfg.model.path = "/path/to/checkpoint"
-    mr.validate(cfg, methods)
-    if cfg.task.source == "files":  # paper configs: the data paths are the user's to give
-        with pytest.raises(ValueError, match="config.task.train_path is empty"):
-            math_task.load_splits(cfg.task)
-    else:
+    if cfg.task.source == "files":  # ... and so are the data paths, checked before loading
+        with pytest.raises(common.StudyError, match="config.task.train_path"):
+            mr.validate(cfg)
+        cfg.task.train_path = cfg.task.eval_path = "/path/to/data"
+    methods, seeds = mr.validate(cfg)
+    assert list(methods) == list(cfg.compare.methods) and seeds == [0]
+    if cfg.task.source != "files":
         splits = math_task.load_splits(cfg.task)
         assert len(splits["train"]) == cfg.task.num_train
 

@@ -350,3 +350,54 @@ def test_adversarial_inputs_are_linear_time():
         assert grader.grade(text, "1") in (0.0, 1.0)
         grader.answer_key(text)
     assert time.perf_counter() - start < 10.0
+
+
+# Rule P1: scientific notation is a number wherever the answer comes from (box, $...$, prose).
+
+@pytest.mark.parametrize("wrap", ["\\boxed{{{}}}", "${}$", "The answer is {}.", "so x = {}",
+                                  "\\[{}\\]"])
+@pytest.mark.parametrize(("number", "value", "euler"), [
+    ("3e2", "300", "6e"), ("1.5e3", "1500", "4.5e"), ("2E-3", "0.002", "-e"),
+    ("4e+1", "40", "4e + 1"), (".5e2", "50", "0.5e\\cdot 2"),
+])
+def test_scientific_notation_is_a_number_not_euler(wrap, number, value, euler):
+    response = wrap.format(number)
+    assert grader.grade(response, value) == 1.0, response
+    assert grader.grade(response, euler) == 0.0, response  # never mantissa * e * exponent
+
+
+@settings(max_examples=40, deadline=None)
+@given(mantissa=st.integers(1, 999), exponent=st.integers(-6, 12),
+       wrap=st.sampled_from(["\\boxed{{{}}}", "${}$", "The answer is {}."]))
+def test_scientific_notation_property(mantissa, exponent, wrap):
+    from fractions import Fraction
+
+    value = Fraction(mantissa) * Fraction(10) ** exponent
+    gold = f"{value.numerator}/{value.denominator}"
+    assert grader.grade(wrap.format(f"{mantissa}e{exponent}"), gold) == 1.0
+
+
+def test_scientific_notation_answer_keys():
+    assert grader.answer_key("\\boxed{3e2}") == grader.answer_key("300") == "300"
+    assert grader.answer_key("\\boxed{1.5e3}") == grader.answer_key("$1500$") == "1500"
+    assert grader.answer_key("\\boxed{1e400}") == "1" + "0" * 400  # not 1*E*400
+    assert grader.answer_key("\\boxed{6e}") != grader.answer_key("\\boxed{600}")  # Euler's e
+
+
+def test_euler_e_without_an_exponent_stays_euler():
+    assert grader.grade("\\boxed{6e}", "6e") == 1.0
+    assert grader.grade("\\boxed{e^2}", "e^{2}") == 1.0
+    assert grader.grade("\\boxed{2e^{3}}", "2e^3") == 1.0
+    assert grader.grade("\\boxed{1e99999}", "1") == 0.0  # beyond MAX_EXPONENT: no answer
+
+
+@pytest.mark.parametrize("response", [b"\\boxed{1}", bytearray(b"1"), None, 1, ["1"]])
+def test_non_text_responses_are_refused(response):
+    for call in (lambda: grader.grade(response, "1"), lambda: grader.answer_key(response),
+                 lambda: grader.extract_answer(response),
+                 lambda: grader.grade_batch([response], ["1"])):
+        with pytest.raises(TypeError, match="must be a str"):
+            call()
+    if isinstance(response, bytes):
+        with pytest.raises(TypeError, match="decode"):
+            grader.grade(response, "1")

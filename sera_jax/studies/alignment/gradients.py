@@ -42,8 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sera_jax import estimators, metrics
 from sera_jax import methods as methods_lib
+from sera_jax import metrics, objective
 
 # ----------------------------------------------------------------------------- exact p
 
@@ -252,13 +252,11 @@ def rollout_labels(key: jax.Array, logits: jax.Array, images: jax.Array, ranks: 
     return jax.vmap(one)(images, ranks).astype(jnp.int32)
 
 
-def sample_rollouts(key: jax.Array, logits: jax.Array, counts: jax.Array, budget: int
-                    ) -> tuple[jax.Array, jax.Array]:
-    """`(segment_ids, labels)` of the B = `budget` rollouts: image q gets counts[q] labels,
-    its rollouts 0..counts[q]−1 (`rollout_labels`)."""
-    segment_ids = estimators.segment_ids_from_counts(counts, budget)
-    ranks = estimators.ranks_in_segments(counts, segment_ids)
-    return segment_ids, rollout_labels(key, logits, segment_ids, ranks)
+def sample_rollouts(key: jax.Array, logits: jax.Array, plan: objective.RolloutPlan
+                    ) -> jax.Array:
+    """Labels [B] of the plan's rollouts: row r is rollout `plan.ranks[r]` of image
+    `plan.segment_ids[r]` (`rollout_labels`)."""
+    return rollout_labels(key, logits, plan.segment_ids, plan.ranks)
 
 
 @functools.partial(jax.jit, static_argnames="pilot")
@@ -290,24 +288,20 @@ def maxrl_logit_cotangent(key: jax.Array, logits: jax.Array, labels: jax.Array,
     """∂/∂logits of the SERA/MaxRL surrogate loss on freshly sampled rollouts, [P, C].
 
     loss = −(1/(P·N0)) Σ_r w_{q(r)} A_r log softmax(logits_{q(r)})[c_r] with A the centred
-    MaxRL advantage (`estimators.maxrl`) and the sequence-mean aggregation of
-    `estimators.policy_gradient_loss` (one token per rollout). Since
+    MaxRL advantage and the sequence-mean aggregation (`objective.surrogate_loss`, the
+    trainer's, one token per rollout; w_q = `weights`, the plan of `counts`). Since
     ∂ log softmax(z)[c] / ∂z = e_c − softmax(z), this is
     −(1/(P·N0)) Σ_q w_q Σ_{r∈q} A_r (e_{c_r} − softmax(z_q)): O(B + P·C), no network pass.
     The parameter gradient is the VJP of the network with this cotangent.
     """
-    num_prompts = logits.shape[0]
-    budget = num_prompts * n0
-    segment_ids, sampled = sample_rollouts(key, logits, counts, budget)
-    rewards = (sampled == labels[segment_ids]).astype(jnp.float32)
-    adv = estimators.maxrl(rewards, segment_ids, num_prompts)
-    w = estimators.rollout_weights(weights, segment_ids)
+    plan = objective.plan_from_counts(counts, weights, logits.shape[0] * n0)
+    sampled = sample_rollouts(key, logits, plan)
+    rewards = (sampled == labels[plan.segment_ids]).astype(jnp.float32)
 
     def loss(z):
-        lp = jax.nn.log_softmax(z, axis=-1)[segment_ids, sampled]
-        return estimators.policy_gradient_loss(
-            lp[:, None], jnp.ones((budget, 1), bool), adv, w, aggregation="sequence_mean",
-            num_prompts=num_prompts, n0=n0)
+        lp = jax.nn.log_softmax(z, axis=-1)[plan.segment_ids, sampled]
+        return objective.surrogate_loss(lp, rewards, plan, estimator="maxrl",
+                                        aggregation="sequence_mean", n0=n0)
 
     return jax.grad(loss)(logits)
 

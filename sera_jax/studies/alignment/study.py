@@ -1,21 +1,22 @@
 """The gradient-alignment study (SERA_SPEC §7): measure mode and train mode, with outputs.
 
-* `run_measure(config, workdir)` — train a classifier with cross-entropy and snapshot it at
-  `config.measure.stage_steps` (so p goes from near-uniform to heavily skewed); for each
-  snapshot, budget N0 and allocator, R paired draws (the same PRNG key for every allocator at
-  a given draw; rollout j of image q has its own key, so methods share each image's first
-  rollouts) of the allocated MaxRL gradient, each compared with the exact gradient of the
-  mean CE on the same fixed minibatch. A two-stage method (`sera_sequential`) draws its pilot
-  -- rollouts 0..m−1 of every image with the draw's key -- then is allocated per draw from
-  the pilot's successes, and its gradient uses all N_q rollouts (pilot included) with the
-  weights N0/N_q of the realised counts (`alignment.allocate_batch(..., pilot_successes=)`).
-  Writes `alignment.csv`, `alignment.png` (one panel per stage), TensorBoard scalars and
-  `summary.md` (also returned and printed by the binary).
-* `run_train(config, workdir)` — train with the RL loss of one allocator (the published
-  protocol) and log every `log_every` steps the cosine to the exact gradient on that step's
-  minibatch, CE / top-1 on the minibatch and on validation, and analytic pass@k on validation.
-  One-shot methods only (a two-stage method is refused by `validate`).
-  Writes `train_log.csv`, TensorBoard scalars and `summary.md`.
+* `run_measure(config, workdir)` — train a classifier with cross-entropy (`config.sft`) and
+  snapshot it at `config.measure.stage_steps` (so p goes from near-uniform to heavily skewed);
+  for each snapshot, budget N0 and method of `config.compare.methods`, R paired draws (the
+  same PRNG key for every allocator at a given draw; rollout j of image q has its own key, so
+  methods share each image's first rollouts) of the allocated MaxRL gradient, each compared
+  with the exact gradient of the mean CE on the same fixed minibatch. A two-stage method
+  (`sera_sequential`) draws its pilot -- rollouts 0..m−1 of every image with the draw's key --
+  then is allocated per draw from the pilot's successes, and its gradient uses all N_q
+  rollouts (pilot included) with the weights N0/N_q of the realised counts
+  (`alignment.allocate_batch(..., pilot_successes=)`). Writes `alignment.csv`,
+  `alignment.png` (one panel per stage), TensorBoard scalars and `summary.md` (also returned
+  and printed by the binary).
+* `run_train(config, workdir)` — train with the RL loss of one method (`config.rl`: the
+  published protocol) and log every `rl.log_every` steps the cosine to the exact gradient on
+  that step's minibatch, CE / top-1 on the minibatch and on validation, and analytic pass@k
+  on validation (`config.eval`). One-shot methods only (a two-stage method is refused by
+  `validate`). Writes `train_log.csv`, TensorBoard scalars and `summary.md`.
 
 Both run data-parallel over all local devices: the batch is sharded over the mesh's batch
 axes (`sera_jax.sharding`), parameters are replicated, and `jax.jit` partitions the rest.
@@ -39,13 +40,35 @@ import numpy as np
 from absl import logging
 
 from sera_jax import methods as methods_lib
-from sera_jax import sharding
+from sera_jax import optim, sharding, validation
 from sera_jax.rl import config as rl_config
 from sera_jax.studies import common
 from sera_jax.studies.alignment import data as data_lib
 from sera_jax.studies.alignment import gradients as alignment
 from sera_jax.studies.alignment import resnet
-from sera_jax.studies.alignment.train import Steps, TrainState, init_state, make_optimizer
+from sera_jax.studies.alignment.train import Steps, TrainState, init_state
+
+#: Fields the study's configs moved to the one schema (old dotted path -> new one). The old
+#: `batch_size` and `optim.*` served both modes; they now name measure mode's CE training
+#: (`sft.*`), and train mode reads `rl.prompts_per_step` and `rl.optimizer.*`.
+RENAMED = {
+    "mesh": "rl.mesh",
+    "allocation": "rl.allocation",
+    "batch_size": "sft.batch_size",
+    "optim.lr": "sft.optimizer.learning_rate",
+    **{f"optim.{k}": f"sft.optimizer.{k}" for k in ("momentum", "weight_decay",
+                                                     "warmup_steps")},
+    "measure.methods": "compare.methods",
+    "measure.batch_size": "measure.prompts_per_step",
+    "train.method": "rl.method",
+    "train.n0": "rl.rollouts_per_prompt",
+    "train.num_steps": "rl.num_steps",
+    "train.log_every": "rl.log_every",
+    "train.eval_batch_size": "eval.batch_size",
+    "train.eval_batches": "eval.num_batches",
+    "train.pass_ks": "eval.ks",
+}
+common.RENAMED.update(RENAMED)
 
 CSV_COLUMNS = ("stage", "stage_step", "budget", "method", "draw", "seed", "cosine",
                "norm_ratio", "cosine_expected", "kappa_min", "kappa_mean", "active_frac")
@@ -114,7 +137,7 @@ class DataSource:
         if self.config.data.name == "digits":
             src = self._train if split == "train" else self._val
             if not 1 <= n <= len(src):
-                raise ValueError(f"config.measure.batch_size={n}; allowed 1..{len(src)} for "
+                raise ValueError(f"config.measure.prompts_per_step={n}; allowed 1..{len(src)} for "
                                  f"the digits {split} split")
             idx = np.sort(np.random.default_rng(seed).choice(len(src), n, replace=False))
             return {"image": src.images[idx], "label": src.labels[idx]}
@@ -124,14 +147,25 @@ class DataSource:
 
 
 def _mesh(config: ml_collections.ConfigDict):
-    return sharding.make_mesh(dict(config.mesh))
+    return sharding.make_mesh(dict(config.rl.mesh))
 
 
 def _check_divisible(name: str, n: int, mesh) -> None:
     d = sharding.batch_divisor(mesh)
     if n % d:
         raise ValueError(f"{name}={n} must be a multiple of the {d} data-parallel devices "
-                         f"(mesh {dict(mesh.shape)}); change it or --config.mesh.data")
+                         f"(mesh {dict(mesh.shape)}); change it or --config.rl.mesh.data")
+
+
+def _capped(block: ml_collections.ConfigDict, num_steps: int) -> dict[str, Any]:
+    """The optimiser block with its warmup capped at num_steps − 1 (a short run, e.g. to a
+    snapshot at step 5, keeps a cosine tail); `optim.make_optimizer(_capped(b, n), n)`."""
+    return {**dict(block), "warmup_steps": min(block.warmup_steps, num_steps - 1)}
+
+
+def _ce_steps(config: ml_collections.ConfigDict) -> int:
+    """Length of measure mode's CE run: to the last snapshot (at least 1 step)."""
+    return max(max(int(s) for s in config.measure.stage_steps), 1)
 
 
 def _writer(workdir: str):
@@ -204,28 +238,26 @@ def _allocate(name: str, p: np.ndarray, n0: int, draw_keys: jax.Array, logits: j
 def run_measure(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Measure mode; returns {'rows': csv rows, 'summary': markdown, 'seconds': wall time}."""
     t0 = time.time()
-    ms, al = config.measure, config.allocation
+    ms, al = config.measure, config.rl.allocation
     os.makedirs(workdir, exist_ok=True)
     stage_steps = [int(s) for s in ms.stage_steps]
     stage_names = list(ms.stage_names) if ms.get("stage_names") else [
         f"step {s}" for s in stage_steps]
     budgets = [int(b) for b in ms.budgets]
-    names = list(ms.methods)
+    names = list(config.compare.methods)
     num_draws = int(ms.num_draws)
 
     mesh = _mesh(config)
-    _check_divisible("config.batch_size", config.batch_size, mesh)
-    _check_divisible("config.measure.batch_size", ms.batch_size, mesh)
-    source = DataSource(config, config.batch_size)
+    _check_divisible("config.sft.batch_size", config.sft.batch_size, mesh)
+    _check_divisible("config.measure.prompts_per_step", ms.prompts_per_step, mesh)
+    source = DataSource(config, config.sft.batch_size)
     model = build_model(config)
-    o = config.optim
-    total = max(max(stage_steps), 1)
-    tx = make_optimizer(lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay,
-                        warmup_steps=min(o.warmup_steps, total - 1), total_steps=total)
+    total = _ce_steps(config)
+    tx = optim.make_optimizer(_capped(config.sft.optimizer, total), total)
     graphdef, state = init_state(model, tx)
     state = sharding.replicate(state, mesh)
     steps = Steps(graphdef, tx)
-    batch = source.measure(ms.batch_size, ms.split, config.seed)
+    batch = source.measure(ms.prompts_per_step, ms.split, config.seed)
     images, labels = (sharding.shard_batch(batch["image"], mesh),
                       sharding.shard_batch(batch["label"], mesh))
     writer = _writer(workdir)
@@ -375,11 +407,11 @@ def summary_markdown(table: Sequence[dict[str, Any]], stages: Sequence[dict[str,
                      config: ml_collections.ConfigDict) -> str:
     """Markdown: stage statistics, cosine mean ± se per (stage, budget) and allocator, and
     SERA-dynamic vs uniform paired differences with κ diagnostics."""
-    ms = config.measure
+    ms, al = config.measure, config.rl.allocation
     lines = [f"## Gradient alignment — {config.data.name}, {config.model.name}", "",
              f"{ms.num_draws} paired draws per cell, seed {config.seed}, measure batch "
-             f"P = {ms.batch_size}, n_min = {config.allocation.n_min}, n_max = "
-             f"{config.allocation.n_max}, θ = {config.allocation.threshold}; "
+             f"P = {ms.prompts_per_step}, n_min = {al.n_min}, n_max = {al.n_max}, θ = "
+             f"{al.threshold}; "
              f"wall time {seconds:.1f} s.", "",
              "| stage | CE steps | mean p | median p | p<0.1 | p>0.9 | top-1 |",
              "|---|---|---|---|---|---|---|"]
@@ -441,11 +473,11 @@ def summary_markdown(table: Sequence[dict[str, Any]], stages: Sequence[dict[str,
 def evaluate(steps: Steps, state: TrainState, source: DataSource, mesh,
              config: ml_collections.ConfigDict) -> dict[str, float]:
     """Validation CE, top-1 and analytic pass@k (mean over images of 1 − (1 − p)^k)."""
-    tr = config.train
+    ev = config.eval
     eb = max(sharding.batch_divisor(mesh),
-             tr.eval_batch_size // sharding.batch_divisor(mesh) * sharding.batch_divisor(mesh))
+             ev.batch_size // sharding.batch_divisor(mesh) * sharding.batch_divisor(mesh))
     ps, correct = [], []
-    for b in source.eval(eb, tr.eval_batches):
+    for b in source.eval(eb, ev.num_batches):
         n = b["label"].shape[0] // sharding.batch_divisor(mesh) * sharding.batch_divisor(mesh)
         if n == 0:
             continue
@@ -455,26 +487,24 @@ def evaluate(steps: Steps, state: TrainState, source: DataSource, mesh,
         ps.append(alignment.success_probs(logits, b["label"]))
         correct.append(logits.argmax(1) == b["label"])
     if not ps:
-        raise ValueError("the validation split gave no batch; lower config.train.eval_batch_size")
+        raise ValueError("the validation split gave no batch; lower config.eval.batch_size")
     p = np.concatenate(ps)
     out = {"val_ce": float(-np.log(p).mean()), "val_top1": float(np.concatenate(correct).mean()),
            "val_mean_p": float(p.mean())}
     out.update({f"val_pass@{k}": v for k, v in
-                alignment.analytic_pass_curve(p, tr.pass_ks).items()})
+                alignment.analytic_pass_curve(p, ev.ks).items()})
     return out
 
 
 def run_train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Train mode; returns {'log': rows of train_log.csv, 'summary': markdown, 'seconds'}."""
     t0 = time.time()
-    tr, al, o = config.train, config.allocation, config.optim
+    tr, al = config.rl, config.rl.allocation
     os.makedirs(workdir, exist_ok=True)
     mesh = _mesh(config)
-    _check_divisible("config.batch_size", config.batch_size, mesh)
-    source = DataSource(config, config.batch_size)
-    tx = make_optimizer(lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay,
-                        warmup_steps=min(o.warmup_steps, tr.num_steps - 1),
-                        total_steps=tr.num_steps)
+    _check_divisible("config.rl.prompts_per_step", tr.prompts_per_step, mesh)
+    source = DataSource(config, tr.prompts_per_step)
+    tx = optim.make_optimizer(_capped(tr.optimizer, tr.num_steps), tr.num_steps)
     graphdef, state = init_state(build_model(config), tx)
     state = sharding.replicate(state, mesh)
     steps = Steps(graphdef, tx)
@@ -489,11 +519,13 @@ def run_train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
         # as the step's (batch statistics), evaluated once more on the host's behalf.
         p = alignment.success_probs(np.asarray(steps.logits(state, b["image"], train=True)),
                                     hb["label"])
-        ab = alignment.allocate_batch(tr.method, p, tr.n0, n_min=al.n_min, n_max=al.n_max,
+        ab = alignment.allocate_batch(tr.method, p, tr.rollouts_per_prompt, n_min=al.n_min,
+                                      n_max=al.n_max,
                                       threshold=al.threshold, shift=al.shift)
         align = i % tr.log_every == 0 or i == tr.num_steps - 1
         state, m = steps.rl_step(state, b["image"], b["label"], ab.counts, ab.weights,
-                                 jax.random.fold_in(key, i), n0=tr.n0, align=align)
+                                 jax.random.fold_in(key, i), n0=tr.rollouts_per_prompt,
+                                 align=align)
         if not align:
             continue
         row = {"step": i, "train_ce": float(m["ce"]), "train_top1": float(m["top1"]),
@@ -513,10 +545,10 @@ def run_train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
     writer.close()
     seconds = time.time() - t0
     write_csv(os.path.join(workdir, "train_log.csv"), log, list(log[0]))
-    ks = [f"val_pass@{k}" for k in tr.pass_ks]
+    ks = [f"val_pass@{k}" for k in config.eval.ks]
     lines = [f"## Train mode — {config.data.name}, {config.model.name}, method "
-             f"{tr.method}, N0 = {tr.n0}, {tr.num_steps} steps, seed {config.seed}, "
-             f"{seconds:.1f} s", "",
+             f"{tr.method}, N0 = {tr.rollouts_per_prompt}, {tr.num_steps} steps, seed "
+             f"{config.seed}, {seconds:.1f} s", "",
              "| step | cosine | train CE | val CE | val top-1 | κ min | κ mean | "
              + " | ".join(ks) + " |", "|---" * (7 + len(ks)) + "|"]
     for r in log:
@@ -531,36 +563,46 @@ def run_train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
 
 def validate(config: ml_collections.ConfigDict) -> None:
     """Every field the chosen mode reads, checked before any data or model loads
-    (StudyError naming the field: an infeasible budget, a negative learning rate, ...)."""
-    c, pos = common.check, common.positive_int
-    finite = lambda x: (isinstance(x, int | float) and not isinstance(x, bool)  # noqa: E731
-                        and math.isfinite(x))
+    (StudyError naming the field: an infeasible budget, a negative learning rate, ...); a
+    field under its old name names the new one."""
+    common.renamed_fields(config)
+    c = functools.partial(validation.check, error=common.StudyError)
+    pos = validation.is_positive_int
     c(config.mode in ("measure", "train"), "mode", config.mode, "'measure' or 'train'")
-    c(isinstance(config.seed, int), "seed", config.seed, "an integer")
-    c(pos(config.batch_size), "batch_size", config.batch_size, "an integer >= 1")
-    rl_config.validate_mesh(config.mesh)
-    o, al = config.optim, config.allocation
-    c(finite(o.lr) and o.lr > 0, "optim.lr", o.lr, "a finite number > 0 (a negative rate "
-      "ascends the loss)")
-    c(finite(o.momentum) and 0 <= o.momentum < 1, "optim.momentum", o.momentum, "[0, 1)")
-    c(finite(o.weight_decay) and o.weight_decay >= 0, "optim.weight_decay", o.weight_decay,
-      "a finite number >= 0")
-    c(isinstance(o.warmup_steps, int) and o.warmup_steps >= 0, "optim.warmup_steps",
-      o.warmup_steps, "an integer >= 0")
-    c(al.shift in (0, 1), "allocation.shift", al.shift, "0 (conditional) or 1 (centered)")
-    c(isinstance(al.n_min, int) and isinstance(al.n_max, int) and al.shift + 1 <= al.n_min
-      <= al.n_max, "allocation.n_min", al.n_min,
+    c(validation.is_int(config.seed), "seed", config.seed, "an integer")
+    al = config.rl.allocation
+    try:
+        rl_config.validate_mesh(config.rl.mesh, "rl.mesh")
+    except ValueError as e:
+        raise common.StudyError(str(e)) from None
+    c(al.shift in (0, 1), "rl.allocation.shift", al.shift, "0 (conditional) or 1 (centered)")
+    c(validation.is_int(al.n_min) and validation.is_int(al.n_max) and al.shift + 1 <= al.n_min
+      <= al.n_max, "rl.allocation.n_min", al.n_min,
       f"an integer, {al.shift + 1} <= n_min <= n_max={al.n_max}")
-    c(finite(al.threshold) and 0 <= al.threshold <= 1, "allocation.threshold", al.threshold,
-      "[0, 1]")
+    c(validation.is_number(al.threshold) and 0 <= al.threshold <= 1, "rl.allocation.threshold",
+      al.threshold, "[0, 1]")
 
-    def methods_and_budgets(field: str, names: Sequence[str], budgets: Sequence[int]) -> None:
+    def optimizer(block: str, num_steps: int) -> None:
+        w = config[block].optimizer.warmup_steps
+        c(validation.is_int(w) and w >= 0, f"{block}.optimizer.warmup_steps", w,
+          "an integer >= 0 (capped at the run's last step)")
+        try:
+            optim.validate(_capped(config[block].optimizer, num_steps), num_steps,
+                           prefix=f"{block}.optimizer.")
+        except ValueError as e:
+            raise common.StudyError(str(e)) from None
+
+    def methods_and_budgets(field: str, names: Sequence[str], budgets: Sequence[int],
+                            budget_field: str) -> None:
         for name in names:
-            c(name in methods_lib.METHODS, field, name, f"a method of sera_jax.methods"
-              f"{methods_lib.nearest(name, methods_lib.METHODS)}: {sorted(methods_lib.METHODS)}")
+            try:
+                method = methods_lib.get_method(name)
+            except ValueError as e:
+                raise common.StudyError(f"config.{field}: {e}") from None
+            c(not method.dynamic_sampling, field, name, "methods without DAPO dynamic "
+              "sampling: one allocation per batch, with no resampling")
         for n0 in budgets:
-            c(isinstance(n0, int) and al.n_min <= n0 <= al.n_max, field.split(".")[0] +
-              (".budgets" if field.startswith("measure") else ".n0"), n0,
+            c(validation.is_int(n0) and al.n_min <= n0 <= al.n_max, budget_field, n0,
               f"integers in [n_min, n_max] = [{al.n_min}, {al.n_max}] (the budget P·N0 must "
               "be reachable with every prompt in bounds)")
 
@@ -568,24 +610,36 @@ def validate(config: ml_collections.ConfigDict) -> None:
         ms = config.measure
         steps = list(ms.stage_steps)
         names = list(ms.stage_names) if ms.get("stage_names") else steps
-        c(all(isinstance(s, int) and s >= 0 for s in steps) and steps == sorted(steps)
+        c(all(validation.is_int(s) and s >= 0 for s in steps) and steps == sorted(steps)
           and len(names) == len(steps) and steps, "measure.stage_steps", tuple(steps),
           f"increasing integers >= 0, one per stage name ({len(names)})")
-        methods_and_budgets("measure.methods", list(ms.methods), list(ms.budgets))
+        methods = config.compare.methods
+        c(isinstance(methods, tuple | list) and len(methods) >= 1
+          and len(set(methods)) == len(methods), "compare.methods", methods,
+          "a tuple of distinct method names, e.g. ('uniform', 'sera')")
+        methods_and_budgets("compare.methods", list(methods), list(ms.budgets),
+                            "measure.budgets")
         c(pos(ms.num_draws) and ms.num_draws >= 2, "measure.num_draws", ms.num_draws,
           ">= 2 (for error bars)")
-        c(pos(ms.batch_size), "measure.batch_size", ms.batch_size, "an integer >= 1")
+        c(pos(ms.prompts_per_step), "measure.prompts_per_step", ms.prompts_per_step,
+          "an integer >= 1")
         c(pos(ms.unroll) and pos(ms.cot_chunk), "measure.unroll", ms.unroll,
           "integers >= 1 (unroll, cot_chunk)")
+        c(pos(config.sft.batch_size), "sft.batch_size", config.sft.batch_size,
+          "an integer >= 1")
+        optimizer("sft", _ce_steps(config))
     else:
-        tr = config.train
-        methods_and_budgets("train.method", [tr.method], [tr.n0])
-        c(tr.method not in methods_lib.METHODS or not methods_lib.get_method(tr.method)
-          .two_stage, "train.method", tr.method, "a one-shot method: train mode allocates "
-          "before the step's rollouts, and this one allocates from in-step pilot rollouts "
-          "(measure it with --config.mode=measure)")
-        c(pos(tr.num_steps) and pos(tr.log_every), "train.num_steps", tr.num_steps,
+        tr = config.rl
+        methods_and_budgets("rl.method", [tr.method], [tr.rollouts_per_prompt],
+                            "rl.rollouts_per_prompt")
+        c(not methods_lib.get_method(tr.method).two_stage, "rl.method", tr.method,
+          "a one-shot method: train mode allocates before the step's rollouts, and this one "
+          "allocates from in-step pilot rollouts (measure it with --config.mode=measure)")
+        c(pos(tr.num_steps) and pos(tr.log_every), "rl.num_steps", tr.num_steps,
           "integers >= 1 (num_steps, log_every)")
+        c(pos(tr.prompts_per_step), "rl.prompts_per_step", tr.prompts_per_step,
+          "an integer >= 1")
+        optimizer("rl", tr.num_steps)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:

@@ -7,8 +7,8 @@ jitted once per static configuration. Data parallelism is GSPMD: put the batch o
 step (BatchNorm statistics are reduced over the global batch, so a sharded step equals the
 single-device step).
 
-Optimiser (SERA_SPEC §7): SGD with momentum 0.9, linear warmup then cosine decay, weight
-decay 1e-4 on conv/dense kernels (not on BatchNorm scales/biases or dense biases).
+The optimiser is built by `sera_jax.optim` from the config's block (SERA_SPEC §7: SGD with
+momentum 0.9, linear warmup then cosine decay, weight decay 1e-4 on conv/dense kernels only).
 """
 
 from __future__ import annotations
@@ -35,21 +35,6 @@ class TrainState:
     batch_stats: Any
     opt_state: Any
     step: jax.Array
-
-
-def make_optimizer(*, lr: float, momentum: float, weight_decay: float, warmup_steps: int,
-                   total_steps: int) -> optax.GradientTransformation:
-    """SGD(momentum) on lr(t) = warmup 0→lr over `warmup_steps`, then cosine to 0 at
-    `total_steps`; decoupled-from-loss L2 (`add_decayed_weights`) on kernels (ndim > 1)."""
-    if total_steps < 1:
-        raise ValueError(f"total_steps={total_steps}; must be >= 1")
-    if not 0 <= warmup_steps < total_steps:
-        raise ValueError(f"warmup_steps={warmup_steps}; allowed [0, total_steps={total_steps})")
-    schedule = (optax.warmup_cosine_decay_schedule(0.0, lr, warmup_steps, total_steps)
-                if warmup_steps else optax.cosine_decay_schedule(lr, total_steps))
-    kernels = lambda params: jax.tree.map(lambda x: x.ndim > 1, params)
-    return optax.chain(optax.add_decayed_weights(weight_decay, mask=kernels),
-                       optax.sgd(schedule, momentum=momentum))
 
 
 def init_state(model: nnx.Module, tx: optax.GradientTransformation

@@ -13,7 +13,8 @@ success probability is the softmax mass on the correct answers,
     p_θ(x) = Σ_{a ∈ C_x} π_θ(a | x),   log p = logsumexp_{a ∈ C_x} log π(a | x),
 
 and the exact likelihood gradient of a set of prompts is ∇_θ mean_x log p_θ(x) (autodiff of
-that closed form). Analytic pass@k = 1 − (1 − p)^k is `scaling.kappa(p, k, shift=0)`.
+that closed form: `train.exact_gradient`, for every task family). Analytic pass@k
+= 1 − (1 − p)^k is `scaling.kappa(p, k, shift=0)`.
 
 Generative model of a task instance (host NumPy from a seeded generator):
 
@@ -180,17 +181,6 @@ def success_probs(params: Mapping[str, Any], task: LabTask) -> Array:
     return jnp.exp(log_success_probs(params, task))
 
 
-def mean_log_p(params: Mapping[str, Any], task: LabTask, ids: Array | None = None) -> Array:
-    """mean_{x ∈ ids} log p_θ(x): its gradient is the exact likelihood gradient."""
-    lp = log_success_probs(params, task)
-    return jnp.mean(lp if ids is None else lp[ids])
-
-
-def exact_gradient(params: Mapping[str, Any], task: LabTask, ids: Array | None = None) -> Any:
-    """∇_θ mean_{x ∈ ids} log p_θ(x) (the target of every MaxRL estimator)."""
-    return jax.grad(mean_log_p)(params, task, ids)
-
-
 def analytic_pass_at_k(p: Array, ks: Sequence[int]) -> Array:
     """mean_x [1 − (1 − p_x)^k] for each k, float32[len(ks)] (`scaling.kappa` with s = 0)."""
     k = jnp.asarray(ks, jnp.float32)
@@ -207,3 +197,20 @@ def sample_answers(log_pi: Array, u: Array) -> Array:
     cdf = jnp.cumsum(jnp.exp(log_pi), axis=-1)
     a = jnp.sum(cdf < u[:, None] * cdf[:, -1:], axis=-1)
     return jnp.minimum(a, log_pi.shape[-1] - 1).astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------- family interface
+# (what `train` calls for every task family; the maze family is `lab.maze_task`)
+
+
+def sample(log_pi: Array, task: LabTask, x: Array, u: Array) -> tuple[Array, Array]:
+    """(answers [R], rewards [R]) of rollout rows of prompts x [R] with uniforms u [R]."""
+    a = sample_answers(log_pi[x], u)
+    return a, task.correct[x, a].astype(jnp.float32)
+
+
+def rollout_logprobs(params: Mapping[str, Any], task: LabTask, x: Array, answers: Array
+                     ) -> tuple[Array, None]:
+    """(log π_θ(a_r | x_r) [R], no mask): one token per rollout."""
+    return log_policy(params, task)[x, answers], None
+

@@ -6,24 +6,25 @@ One step of one seed, with the library's pieces unchanged (the same order as the
 1. at an epoch start (every M/P steps) `history.start_epoch` folds the pending outcomes in
    and freezes p̂; the batch is the next P prompt ids of the epoch's permutation;
 2. p̂ = `history.lookup` (NaN = unseen);
-3. the method's allocator (`Method.allocate`, i.e. `allocation.ALLOCATORS[...]`, traced
-   inside the vmap) spends B = P·N0 rollouts; a two-stage allocator
+3. the rollout plan (`sera_jax.objective.plan_rollouts`, the trainer's, traced inside the
+   vmap): the method's allocator (`Method.allocate`) spends B = P·N0 rollouts, per-prompt
+   loss weights `Method.prompt_weights`, segment ids and ranks; a two-stage allocator
    (`sera_jax.allocation.beyond.TWO_STAGE`) first draws its pilot -- rollouts 0..m−1 of
    every batch prompt -- and gets their successes; allocators with Beta-posterior options
    (alpha, beta) get the history's frozen posterior (α + S, β + F) when
    `posterior_from_history`;
-4. per-prompt loss weights `Method.prompt_weights` (the registry's function, traced into the
-   step: no host round-trip);
-5. rollouts: row r of the flat batch (`estimators.segment_ids_from_counts`) is rollout j of
-   its prompt x and draws its answer by inverse CDF from the uniform U_t[x, j];
-6. ragged advantages (`estimators.get_advantage_estimator(method.estimator)`), per-rollout
-   weights (`estimators.rollout_weights`), the loss (`estimators.policy_gradient_loss`),
-   AdamW after global-norm clipping (optax);
-7. `history.update_from_rollouts` (pending until the next epoch).
+4. rollouts: row r of the flat batch is rollout `ranks[r]` of its prompt x and draws its
+   answer (the maze family: its H moves) by inverse CDF from the uniforms U_t[x, j]; the
+   null control shuffles the B rewards (`batch_gradient`);
+5. the loss `objective.surrogate_loss` (the method's advantage estimator, per-rollout
+   weights, the aggregation), then the update of the `rl.optimizer` block
+   (`sera_jax.optim`: AdamW after global-norm clipping by default);
+6. `history.update_from_rollouts` (pending until the next epoch).
 
 Pairing: for a seed, the task instance, the initial policy, the data order and the uniforms
 U_t[x, j] depend on the seed only, never on the method; so two methods that give prompt x the
-same N at step t with the same policy draw the same answers.
+same N at step t with the same policy draw the same answers. The A/A arm (`Runner(...)(stream=1)`)
+changes only the rollout key, hence the uniforms.
 
 Exact diagnostics per step (the policy is small, so everything is exact): the cosine of the
 step's policy gradient to the exact ∇ mean_batch log p, the realised κ(p_q, N_q) over active
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -46,10 +47,22 @@ import optax
 from jax import Array, lax
 
 from sera_jax import allocation as allocation_lib
-from sera_jax import estimators, metrics
+from sera_jax import estimators, metrics, objective, optim
 from sera_jax import history as history_lib
 from sera_jax.methods import Method
+from sera_jax.studies.lab import maze_task
 from sera_jax.studies.lab import task as task_lib
+
+#: Task families (config `task.family`): modules with `make_task`, `init_params`,
+#: `log_policy`, `log_success_probs`, `sample`, `rollout_logprobs`.
+FAMILIES = {"answers": task_lib, "maze": maze_task}
+#: Control arms run beside every comparison (`Runner(control=...)`): "null" = the uniform
+#: method with the rewards of each batch shuffled (`shuffle_key`); the A/A arm is the
+#: uniform runner itself on another rollout stream (`Runner.__call__(stream=1)`).
+CONTROLS = ("null",)
+#: fold_in tags: the null arm's shuffle key of step t is fold_in(fold_in(k_roll, t), NULL_TAG);
+#: the A/A arm's rollout key is fold_in(k_roll, AA_TAG) (steps never reach these values).
+NULL_TAG, AA_TAG = 1_000_003, 1_000_033
 
 #: Per-step scalar diagnostics, in the order of the last axis of `Runner(...)['steps']`.
 STEP_METRICS = ("cosine", "kappa_mean", "kappa_min", "active_frac", "mixed_frac",
@@ -72,18 +85,23 @@ class Setup:
     base_logit_scale: float = 1.0
     scorer: str = "linear"
     mlp_width: int = 16
+    #: "answers" (`lab.task`) or "maze" (`lab.maze_task`: the fields below).
+    family: str = "answers"
+    maze_size: int = 5
+    maze_openings: float = 0.1
+    horizon: int = 12
+    min_path: int = 2
+    init_blocked: float = -1.0
     prompts_per_step: int = 8
     n0: int = 8
     n_min: int = 2
     n_max: int = 64
     num_steps: int = 200
     eval_every: int = 20
-    learning_rate: float = 0.05
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
+    #: The optimiser block (`sera_jax.optim` fields as sorted (name, value) pairs: hashable);
+    #: unset fields take `optim.DEFAULTS`. Constant schedule only: one compiled runner
+    #: serves every run length.
+    optimizer: tuple[tuple[str, Any], ...] = (("learning_rate", 0.05),)
     aggregation: str = "sequence_mean"
     unseen: str = "fill"
     posterior_from_history: bool = True
@@ -108,6 +126,19 @@ class Setup:
                              f"{estimators.AGGREGATIONS}")
         if self.max_correct < 1 or self.max_correct >= self.num_answers:
             raise ValueError(f"max_correct={self.max_correct} must be in [1, num_answers)")
+        if dict(self.optimizer).get("schedule", "constant") != "constant":
+            raise ValueError("config.rl.optimizer.schedule must be 'constant' in the lab: one "
+                             "compiled runner serves every run length")
+        optim.validate(dict(self.optimizer), prefix="rl.optimizer.")
+        if self.family not in FAMILIES:
+            raise ValueError(f"task.family={self.family!r}; allowed {tuple(FAMILIES)}")
+        if self.family == "maze" and not (
+                self.maze_size >= 2 and 1 <= self.min_path <= self.horizon
+                and 0 <= self.maze_openings <= 1):
+            raise ValueError(f"maze task needs task.maze_size >= 2, 1 <= task.min_path <= "
+                             f"task.horizon and task.maze_openings in [0, 1]; got "
+                             f"{self.maze_size}, {self.min_path}, {self.horizon}, "
+                             f"{self.maze_openings}")
 
     @property
     def budget(self) -> int:
@@ -122,41 +153,38 @@ class Setup:
         """Steps at which pass@k is evaluated: 0, eval_every, 2·eval_every, ..., num_steps."""
         return np.arange(0, self.num_steps + 1, self.eval_every)
 
+    @property
+    def uniform_shape(self) -> tuple[int, ...]:
+        """Per-rollout uniforms: one (an answer) or H (the maze's moves)."""
+        return (self.horizon,) if self.family == "maze" else ()
+
     def with_(self, **changes: Any) -> Setup:
         return dataclasses.replace(self, **changes)
 
 
 def setup_from_config(config: ml_collections.ConfigDict) -> Setup:
-    """`Setup` from the `task`, `train` and `history` blocks of a lab config."""
-    t, r, h = config.task, config.train, config.history
+    """`Setup` from the `task`, `rl` and `eval` blocks of a lab config."""
+    t, r, a = config.task, config.rl, config.rl.allocation
     return Setup(
         num_train=t.num_train, num_test=t.num_test, num_answers=t.num_answers,
         feature_dim=t.feature_dim, num_skills=t.num_skills, max_correct=t.max_correct,
         p_floor=t.p_floor, base_logit_scale=t.base_logit_scale, scorer=t.scorer,
-        mlp_width=t.mlp_width, prompts_per_step=r.prompts_per_step, n0=r.n0, n_min=r.n_min,
-        n_max=r.n_max, num_steps=r.num_steps, eval_every=r.eval_every,
-        learning_rate=r.learning_rate, b1=r.b1, b2=r.b2, eps=r.eps,
-        weight_decay=r.weight_decay, grad_clip=r.grad_clip, aggregation=r.aggregation,
-        unseen=r.unseen, posterior_from_history=r.posterior_from_history,
-        history_alpha=h.alpha, history_beta=h.beta, history_gamma=h.gamma,
-        ks=tuple(int(k) for k in config.report.ks))
+        mlp_width=t.mlp_width, family=t.family, maze_size=t.maze_size,
+        maze_openings=t.maze_openings, horizon=t.horizon, min_path=t.min_path,
+        init_blocked=t.init_blocked, prompts_per_step=r.prompts_per_step, n0=r.rollouts_per_prompt,
+        n_min=a.n_min, n_max=a.n_max, num_steps=r.num_steps, eval_every=config.eval.every,
+        optimizer=tuple(sorted(r.optimizer.items())), aggregation=r.aggregation,
+        unseen=a.unseen, posterior_from_history=a.posterior_from_history,
+        history_alpha=r.history.alpha, history_beta=r.history.beta,
+        history_gamma=r.history.gamma, ks=tuple(int(k) for k in config.eval.ks))
 
 
-def make_optimizer(setup: Setup) -> optax.GradientTransformation:
-    """AdamW (constant lr) after global-norm clipping (0 = none), as the RL trainer."""
-    adamw = optax.adamw(setup.learning_rate, b1=setup.b1, b2=setup.b2, eps=setup.eps,
-                        weight_decay=setup.weight_decay)
-    if setup.grad_clip > 0:
-        return optax.chain(optax.clip_by_global_norm(setup.grad_clip), adamw)
-    return adamw
-
-
-def seed_keys(seed: int, num_seeds: int) -> Array:
-    """The S per-seed keys (raw uint32[S, 2]) shared by every method: seed s is
+def seed_keys(seed: int, seeds: Sequence[int]) -> Array:
+    """The per-seed keys (raw uint32[S, 2]) shared by every method: seed s of `seeds` is
     `fold_in(key(seed), s)`."""
     base = jax.random.key(seed)
     return jax.vmap(lambda s: jax.random.key_data(jax.random.fold_in(base, s)))(
-        jnp.arange(num_seeds))
+        jnp.asarray(seeds, jnp.int32))
 
 
 def _posterior(h: history_lib.SuccessHistory, ids: Array) -> tuple[Array, Array]:
@@ -168,27 +196,28 @@ def _takes(allocator: str, option: str) -> bool:
     return option in allocation_lib.ALLOCATOR_OPTIONS.get(allocator, ())
 
 
-def allocate_step(method: Method, setup: Setup, p_hat: Array, post: tuple[Array, Array],
-                  pilot_successes: Array | None = None) -> allocation_lib.Allocation:
-    """The method's allocation of one batch (traced): `Method.allocate`, given the pilot's
-    successes (two-stage allocators) and the history's posterior (allocators that take
-    alpha/beta, when `posterior_from_history`)."""
+def _plan(method: Method, setup: Setup, p_hat: Array, post: tuple[Array, Array],
+          pilot_successes: Array | None = None) -> objective.RolloutPlan:
+    """The method's rollout plan of one batch (traced), given the pilot's successes
+    (two-stage allocators) and the history's posterior (allocators that take alpha/beta,
+    when `posterior_from_history`)."""
     alpha, beta = (post if setup.posterior_from_history and _takes(method.allocator, "alpha")
                    else (None, None))
-    return method.allocate(p_hat, setup.budget, n_min=setup.n_min, n_max=setup.n_max,
-                           unseen=setup.unseen, pilot_successes=pilot_successes, alpha=alpha,
-                           beta=beta)
+    return objective.plan_rollouts(method, p_hat, setup.budget, n_min=setup.n_min,
+                                   n_max=setup.n_max, unseen=setup.unseen,
+                                   pilot_successes=pilot_successes, alpha=alpha, beta=beta)
 
 
 def _task_cfg(setup: Setup) -> tuple[tuple[str, Any], ...]:
     names = ("num_train", "num_test", "num_answers", "feature_dim", "num_skills",
-             "max_correct", "p_floor", "base_logit_scale", "scorer", "mlp_width")
+             "max_correct", "p_floor", "base_logit_scale", "scorer", "mlp_width",
+             "maze_size", "maze_openings", "horizon", "min_path", "init_blocked")
     return tuple((n, getattr(setup, n)) for n in names)
 
 
-def make_tasks(setup: Setup, seed: int, num_seeds: int, law: Any = "maze"
+def make_tasks(setup: Setup, seed: int, seeds: Sequence[int], law: Any = "maze"
                ) -> tuple[task_lib.LabTask, task_lib.LabTask, Any]:
-    """(train, held-out, initial params) of every seed, stacked on a leading axis S.
+    """(train, held-out, initial params) of every seed of `seeds`, stacked on a leading axis.
 
     Seed s draws from `np.random.default_rng([seed, s])` and the law only, so the task
     instance and the initial policy are the same for every method (pairing). `law`: a name
@@ -197,27 +226,29 @@ def make_tasks(setup: Setup, seed: int, num_seeds: int, law: Any = "maze"
     law_arr = (task_lib.difficulty_array(law) if isinstance(law, str | tuple | list)
                else np.asarray(law))
     cfg = dict(_task_cfg(setup))
-    seeds = []
-    for s in range(num_seeds):
-        rng = np.random.default_rng([int(seed), s])
-        tr, te = task_lib.make_task(rng, law_arr, cfg)
-        seeds.append((tr, te, task_lib.init_params(rng, cfg)))
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *seeds)
+    fam = FAMILIES[setup.family]
+    per_seed = []
+    for s in seeds:
+        rng = np.random.default_rng([int(seed), int(s)])
+        tr, te = fam.make_task(rng, law_arr, cfg)
+        per_seed.append((tr, te, fam.init_params(rng, cfg)))
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *per_seed)
 
 
-@functools.partial(jax.jit, static_argnames=("ks",))
-def _evaluate(params: Any, train: task_lib.LabTask, test: task_lib.LabTask, ks: tuple
+@functools.partial(jax.jit, static_argnames=("ks", "family"))
+def _evaluate(params: Any, train: Any, test: Any, ks: tuple, family: str = "answers"
               ) -> tuple[Array, Array, Array]:
     """(pass@k [2, len(ks)], mean log p [2], mean p [2]) over (train, held-out), exact."""
     out = []
     for split in (train, test):
-        lp = task_lib.log_success_probs(params, split)
+        lp = FAMILIES[family].log_success_probs(params, split)
         p = jnp.exp(lp)
         out.append((task_lib.analytic_pass_at_k(p, ks), jnp.mean(lp), jnp.mean(p)))
     return tuple(jnp.stack(x) for x in zip(*out))
 
 
-_evaluate_seeds = jax.jit(jax.vmap(_evaluate, in_axes=(0, 0, 0, None)), static_argnums=3)
+_evaluate_seeds = jax.jit(jax.vmap(_evaluate, in_axes=(0, 0, 0, None, None)),
+                          static_argnums=(3, 4))
 
 
 class Runner:
@@ -225,25 +256,32 @@ class Runner:
 
     The compiled program is one block of `eval_every` steps for every seed (vmap over seeds,
     scan over steps, evaluation at the end); it does not depend on `num_steps`, the task
-    instance or the difficulty law, so one compilation serves every run of this (method,
-    shape). Output fields: `steps` float32[S, T, len(STEP_METRICS)], `counts` int32[S, T, P],
-    `pass_at_k` float32[S, E, 2, len(ks)] (split 0 = train, 1 = held-out) at
-    `Setup.eval_steps`, `mean_log_p` and `mean_p` float32[S, E, 2].
+    instance, the difficulty law or the rollout stream, so one compilation serves every run
+    of this (method, shape, control). Output fields: `steps` float32[S, T, len(STEP_METRICS)],
+    `counts` int32[S, T, P], `pass_at_k` float32[S, E, 2, len(ks)] (split 0 = train,
+    1 = held-out) at `Setup.eval_steps`, `mean_log_p` and `mean_p` float32[S, E, 2].
+
+    `control="null"`: the rewards of every batch are shuffled across its B rows before the
+    loss and the history see them (a permutation drawn from the step key): same lr, budget
+    and rollouts, no reward-answer association (`CONTROLS`).
     """
 
-    def __init__(self, method: Method, setup: Setup):
-        self.method, self.setup = method, setup
-        self.tx = make_optimizer(setup)
-        step = _make_step(method, setup, self.tx)
+    def __init__(self, method: Method, setup: Setup, control: str | None = None):
+        if control not in (None,) + CONTROLS:
+            raise ValueError(f"control={control!r}; allowed None or one of {CONTROLS}")
+        self.method, self.setup, self.control = method, setup, control
+        self.tx = optim.make_optimizer(dict(setup.optimizer))
+        step = _make_step(method, setup, self.tx, shuffle=control == "null")
 
-        def block(carry, raw_key, train, b):
+        def block(carry, raw_key, train, b, stream):
             ts = b * setup.eval_every + jnp.arange(setup.eval_every)
             k_data, k_roll = jax.random.split(jax.random.fold_in(
                 jax.random.wrap_key_data(raw_key), 1))
+            k_roll = rollout_stream(k_roll, stream)
             carry, out = lax.scan(lambda c, t: step(c, t, train, k_data, k_roll), carry, ts)
             return carry, out
 
-        self._block = jax.jit(jax.vmap(block, in_axes=(0, 0, 0, None)))
+        self._block = jax.jit(jax.vmap(block, in_axes=(0, 0, 0, None, None)))
 
     def init_carry(self, params0: Any) -> tuple:
         """(params, optimiser state, empty history) of every seed."""
@@ -254,22 +292,26 @@ class Runner:
         h = jax.tree.map(lambda x: jnp.broadcast_to(x, (num,) + x.shape), h)
         return params0, jax.vmap(self.tx.init)(params0), h
 
-    def __call__(self, keys: Array, tasks: tuple, num_steps: int | None = None
-                 ) -> dict[str, np.ndarray]:
+    def __call__(self, keys: Array, tasks: tuple, num_steps: int | None = None,
+                 stream: int = 0) -> dict[str, np.ndarray]:
+        """Run every seed; `stream` 1 = the A/A rollout stream (`rollout_stream`): the same
+        task, initial policy and data order, other rollout uniforms."""
         s = self.setup
         num_steps = s.num_steps if num_steps is None else num_steps
         if num_steps % s.eval_every:
             raise ValueError(f"num_steps={num_steps} is not a multiple of eval_every="
                              f"{s.eval_every}")
+        if stream not in (0, 1):
+            raise ValueError(f"stream={stream!r}; allowed 0 (the paired stream) or 1 (A/A)")
         train, test, params0 = tasks
         carry = self.init_carry(params0)
-        evals = [_evaluate_seeds(params0, train, test, s.ks)]
+        evals = [_evaluate_seeds(params0, train, test, s.ks, s.family)]
         rows, counts = [], []
         for b in range(num_steps // s.eval_every):
-            carry, (r, c) = self._block(carry, keys, train, jnp.int32(b))
+            carry, (r, c) = self._block(carry, keys, train, jnp.int32(b), jnp.int32(stream))
             rows.append(r)
             counts.append(c)
-            evals.append(_evaluate_seeds(carry[0], train, test, s.ks))
+            evals.append(_evaluate_seeds(carry[0], train, test, s.ks, s.family))
         host = jax.device_get((rows, counts, evals))
         cat = lambda xs: np.concatenate([np.asarray(x) for x in xs], axis=1)
         ev = [np.stack([np.asarray(e[i]) for e in host[2]], axis=1) for i in range(3)]
@@ -277,13 +319,82 @@ class Runner:
                 "mean_log_p": ev[1], "mean_p": ev[2]}
 
 
-def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation) -> Callable:
-    """One training step of one seed: (carry, t, train task, data key, rollout key) ->
-    (carry, (metrics row, counts)); see the module docstring for its seven parts."""
-    est = estimators.get_advantage_estimator(method.estimator)
-    num_p, n0, budget, n_max = setup.prompts_per_step, setup.n0, setup.budget, setup.n_max
-    m, spe = setup.num_train, setup.steps_per_epoch
+def rollout_stream(k_roll: Array, stream: Array) -> Array:
+    """The rollout key of stream 0 (k_roll itself: every method's paired stream) or 1 (the
+    A/A arm: fold_in(k_roll, AA_TAG)); `stream` may be traced (one compiled program)."""
+    other = jax.random.key_data(jax.random.fold_in(k_roll, AA_TAG))
+    return jax.random.wrap_key_data(jnp.where(stream > 0, other, jax.random.key_data(k_roll)))
+
+
+def rollout_uniforms(setup: Setup, k_roll: Array, t: Array) -> Array:
+    """U_t [M, n_max, *uniform_shape]: rollout j of prompt x at step t uses U_t[x, j]."""
+    shape = (setup.num_train, setup.n_max) + setup.uniform_shape
+    return jax.random.uniform(jax.random.fold_in(k_roll, t), shape)
+
+
+def batch_gradient(method: Method, setup: Setup, params: Any, train: Any, ids: Array,
+                   p_hat: Array, post: tuple[Array, Array], u: Array,
+                   shuffle_key: Array | None = None) -> tuple[Any, Array, dict[str, Any]]:
+    """One batch's (∇ surrogate loss, loss, aux): steps 3-5 of the module docstring.
+
+    The plan (`_plan`, after the pilot of a two-stage method), rollout row r = rollout
+    `ranks[r]` of batch prompt `segment_ids[r]` drawn from u[ids[seg], rank], its reward,
+    then the gradient of `objective.surrogate_loss` at `params`; minus it is the step's
+    policy gradient, whose expectation over u is (1/P) Σ_q (w_q N_q/N0) κ̄_q ∇log p_q
+    (SERA_SPEC). `shuffle_key`: the null arm's permutation of the B rewards (the batch's
+    rewards are kept, their assignment to rollouts is lost). aux: plan, rewards, k1 (the
+    pilot's successes or None). Pure: jit/vmap-able (tests vmap it over many u).
+    """
+    fam = FAMILIES[setup.family]
+    num_p = setup.prompts_per_step
     pilot = method.pilot_size(setup.n_min)
+    log_pi = fam.log_policy(params, train)
+
+    def draw(rows_prompt: Array, rows_rank: Array) -> tuple[Any, Array]:
+        """(actions, rewards) of rollout `rows_rank` of batch prompt `rows_prompt`."""
+        x = ids[rows_prompt]
+        return fam.sample(log_pi, train, x, u[x, rows_rank])
+
+    k1 = None
+    if pilot:  # successes of the first `pilot` rollouts of each batch prompt
+        q = jnp.repeat(jnp.arange(num_p), pilot)
+        j = jnp.tile(jnp.arange(pilot), num_p)
+        k1 = jnp.sum(draw(q, j)[1].reshape(num_p, pilot), axis=1)
+    plan = _plan(method, setup, p_hat, post, k1)
+    actions, rewards = draw(plan.segment_ids, plan.ranks)
+    if shuffle_key is not None:
+        rewards = rewards[jax.random.permutation(shuffle_key, rewards.shape[0])]
+    rows = ids[plan.segment_ids]
+    max_len = setup.horizon if setup.family == "maze" else None
+
+    def loss_fn(q):
+        lp, mask = fam.rollout_logprobs(q, train, rows, actions)
+        return objective.surrogate_loss(lp, rewards, plan, estimator=method.estimator,
+                                        aggregation=setup.aggregation, n0=setup.n0,
+                                        mask=mask, max_len=max_len)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    return grads, loss, {"plan": plan, "rewards": rewards, "k1": k1}
+
+
+def exact_gradient(family: str, params: Any, task: Any, ids: Array | None = None) -> Any:
+    """∇_θ mean_{x ∈ ids} log p_θ(x) (all prompts when ids is None), exact: autodiff of the
+    family's closed form (answers) or DP (maze); the target of every MaxRL estimator."""
+    def mean_log_p(q):
+        lp = FAMILIES[family].log_success_probs(q, task)
+        return jnp.mean(lp if ids is None else lp[ids])
+
+    return jax.grad(mean_log_p)(params)
+
+
+def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation,
+               shuffle: bool = False) -> Callable:
+    """One training step of one seed: (carry, t, train task, data key, rollout key) ->
+    (carry, (metrics row, counts)); see the module docstring for its six parts. `shuffle`:
+    the null arm (`batch_gradient`'s shuffle_key from the step key)."""
+    num_p = setup.prompts_per_step
+    m, spe = setup.num_train, setup.steps_per_epoch
+    fam = FAMILIES[setup.family]
 
     def step(carry, t, train, k_data, k_roll):
         params, opt_state, h = carry
@@ -292,44 +403,20 @@ def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation) -
         perm = jax.random.permutation(jax.random.fold_in(k_data, epoch), m)
         ids = lax.dynamic_slice_in_dim(perm, pos * num_p, num_p)
         p_hat = history_lib.lookup(h, ids)
-        log_pi = task_lib.log_policy(params, train)  # [M, K]
-        u = jax.random.uniform(jax.random.fold_in(k_roll, t), (m, n_max))
-
-        def draw(rows_prompt: Array, rows_rank: Array) -> tuple[Array, Array]:
-            """(answer, reward) of rollout `rows_rank` of batch prompt `rows_prompt`."""
-            x = ids[rows_prompt]
-            a = task_lib.sample_answers(log_pi[x], u[x, rows_rank])
-            return a, train.correct[x, a].astype(jnp.float32)
-
-        k1 = None
-        if pilot:  # successes of the first `pilot` rollouts of each batch prompt
-            q = jnp.repeat(jnp.arange(num_p), pilot)
-            j = jnp.tile(jnp.arange(pilot), num_p)
-            k1 = jnp.sum(draw(q, j)[1].reshape(num_p, pilot), axis=1)
-        alloc = allocate_step(method, setup, p_hat, _posterior(h, ids), k1)
-        counts = alloc.counts
-        pw = method.prompt_weights(counts, alloc.weights)
-        seg = estimators.segment_ids_from_counts(counts, budget)
-        rank = estimators.ranks_in_segments(counts, seg)
-        answers, rewards = draw(seg, rank)
-        adv = est(rewards, seg, num_p)
-        w = estimators.rollout_weights(pw, seg)
-        rows = ids[seg]
-
-        def loss_fn(q):
-            lp = task_lib.log_policy(q, train)[rows, answers]
-            return estimators.policy_gradient_loss(
-                lp[:, None], jnp.ones((budget, 1), bool), adv, w,
-                aggregation=setup.aggregation, num_prompts=num_p, n0=n0, max_len=1)
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        exact = task_lib.exact_gradient(params, train, ids)
+        u = rollout_uniforms(setup, k_roll, t)
+        shuffle_key = (jax.random.fold_in(jax.random.fold_in(k_roll, t), NULL_TAG)
+                       if shuffle else None)
+        grads, loss, aux = batch_gradient(method, setup, params, train, ids, p_hat,
+                                          _posterior(h, ids), u, shuffle_key)
+        plan, rewards, k1 = aux["plan"], aux["rewards"], aux["k1"]
+        counts, seg = plan.counts, plan.segment_ids
+        exact = exact_gradient(setup.family, params, train, ids)
         cos = metrics.cosine(jax.tree.map(jnp.negative, grads), exact)
         updates, opt_state = tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         h = history_lib.update_from_rollouts(h, ids, seg, rewards)
 
-        p_true = jnp.exp(task_lib.log_success_probs(params, train))[ids]
+        p_true = jnp.exp(fam.log_success_probs(params, train))[ids]
         active = counts > 0
         n_act = jnp.maximum(jnp.sum(active), 1)
         # κ(p, N_q); for a two-stage method E[scale | pilot] (sera_jax.allocation.beyond).
@@ -352,10 +439,3 @@ def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation) -
         return (new_params, opt_state, h), (row, counts)
 
     return step
-
-
-def run_method(method: Method, setup: Setup, seed: int, num_seeds: int, law: Any = "maze"
-               ) -> dict[str, np.ndarray]:
-    """`Runner(method, setup)` on seeds 0..num_seeds−1 of `seed` (tasks, keys paired)."""
-    return Runner(method, setup)(seed_keys(seed, num_seeds),
-                                 make_tasks(setup, seed, num_seeds, law))

@@ -87,15 +87,6 @@ def _files(path: str) -> list[str]:
     return [path]
 
 
-def read_records(path: str) -> list[dict[str, Any]]:
-    """Rows of one JSONL / JSON (a list of objects) / Parquet file as dicts.
-
-    Raises ValueError naming the file (and the line, for JSONL) when it is not UTF-8, not
-    valid JSON / Parquet, or a row is not an object.
-    """
-    return [row for _, row in _read_rows(path)]
-
-
 def _read_rows(path: str) -> list[tuple[str, Any]]:
     """`(where, row)` pairs of one file; `where` is `path:line` (JSONL, 1-based) or
     `path[index]` (JSON list, Parquet; 0-based), the location every later error names."""

@@ -31,12 +31,26 @@ Answer selection (`extract_answer`):
   numbers and operators): `2^{10}`, `5 \\times 3`, `\\frac{3}{4}`;
   (c) a prose number: optional unary `-`, digits with optional `,ddd` thousands groups,
   optional decimals (or a leading-dot decimal), optional exponent `e3`, optional
-  `/denominator` (`1,250`, `-3`, `0.5`, `3/4`, `1.5e3`). A number glued to a word (`x2`) or
-  written as an exponent / subscript (`cm^2`, `x_1`) is not an answer.
+  `/denominator` (`1,250`, `-3`, `0.5`, `3/4`, `1.5e3`, `3e2.` at a sentence end). A number
+  glued to a word (`x2`) or written as an exponent / subscript (`cm^2`, `x_1`) is not an
+  answer.
   If the rightmost item cannot be parsed the response has no answer: the grader never falls
   back to an earlier number.
 * A4. Trailing sentence punctuation and LaTeX spacing are stripped from the answer
   (`\\boxed{5.}` is 5, `\\boxed{3\\,}` is 3); `!` (factorial) is kept.
+
+Parsing (`_parse`, the one door to SymPy, for answers and gold answers alike, wherever the
+answer came from: a box, `$...$`, prose):
+
+* P1. Scientific notation is a number, never Euler's e: a token `<mantissa>e<exponent>` /
+  `E` (mantissa `3`, `1.5`, `.5`; exponent optionally signed; not glued to a word or a
+  decimal point) is written `<mantissa>\\times10^{<exponent>}` before SymPy sees it, so
+  `\\boxed{3e2}` is 300 and `1.5e3` is 1500 (math-verify alone reads `3*E*2`). `6e`, `e^2`,
+  `2e^{3}` have no digits right after the `e` and keep Euler's e. An exponent beyond
+  +-`MAX_EXPONENT` makes the answer unparsable (no answer): SymPy would build the number.
+
+Input type: a response must be `str`. Anything else (`bytes`, None, a token array) raises
+TypeError naming the type and the fix (decode first) rather than grading 0.
 
 Not handled (by design): decimal commas (`2,5` outside a box is the two numbers 2 and
 5), mixed numbers (`1 1/2` reads 1/2), numbers written as words.
@@ -48,7 +62,7 @@ number after the word "answer" over the final one ("To answer this, note that 3 
 and a bare `2^{10}` as 2, and its regexes are super-linear on some inputs (`"\\\\[" * 5000`
 takes 1.6 s). Its normalisation and its parser are used for every answer.
 
-Everything here is total and time-bounded: any string (random bytes, unbalanced braces,
+Everything here is total and time-bounded: any `str` (random bytes, unbalanced braces,
 10^6 characters) yields a grade in {0, 1} without raising; extraction is linear in the
 response length; SymPy sees at most `MAX_ANSWER_CHARS` characters under `timeout_s` (on the
 main thread: math-verify's timeout is `signal.alarm`). A response that hit the length cap is
@@ -61,7 +75,6 @@ import logging
 import re
 import threading
 from collections.abc import Sequence
-from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 
 import numpy as np
@@ -77,6 +90,19 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 #: Longest answer string handed to SymPy: longer "answers" are garbage and only cost time.
 #: The data loaders refuse gold answers longer than this (they could never be matched).
 MAX_ANSWER_CHARS = 400
+#: Largest |exponent| of scientific notation read as a number (rule P1).
+MAX_EXPONENT = 9999
+
+
+def _require_text(response: object, name: str = "response") -> str:
+    """`response` itself if it is a `str`; TypeError otherwise (a bytes / None / token
+    response is a caller's bug, not a wrong answer)."""
+    if not isinstance(response, str):
+        fix = " (decode it first: response.decode('utf-8'))" if isinstance(
+            response, (bytes, bytearray)) else " (pass the decoded text)"
+        raise TypeError(f"{name} must be a str, got {type(response).__name__}{fix}")
+    return response
+
 
 # ------------------------------------------------------------------------ normalisation
 
@@ -145,8 +171,7 @@ def last_boxed(text: str) -> str | None:
     is skipped in favour of an earlier complete one. `\\boxed 5` (no braces, legal LaTeX)
     gives the following token.
     """
-    if not isinstance(text, str):
-        return None
+    _require_text(text, "text")
     for _, _, content in reversed(_boxes(text)):
         if content is not None and content.strip():
             return content.strip()
@@ -270,7 +295,7 @@ _MATH_TOKEN = re.compile(r"[\d.,+\-*/=()\[\]<>|]+")
 _NUMBER = re.compile(
     r"(?<![\w.^])(?:(?<![\w)\]}])-)?"
     r"(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)"
-    r"(?:[eE][-+]?\d+(?![\w.]))?"
+    r"(?:[eE][-+]?\d+(?!\w|\.\d))?"
     r"(?:\s*/\s*(?:\d+(?:\.\d+)?))?"
     r"(?![\d^])"
 )
@@ -302,15 +327,6 @@ def _latex_runs(text: str, lo: int, hi: int) -> list[tuple[int, int, str]]:
     return [(s, e, text[s:e]) for s, e, _ in runs]
 
 
-def last_number(text: str) -> str | None:
-    """The last prose number of `text` (rule A3c: commas kept, `a/b` kept, exponents
-    written out), or None. LaTeX is not looked at: see `extract_answer`."""
-    if not isinstance(text, str):
-        return None
-    found = _last(_NUMBER.finditer(normalize_text(text)))
-    return None if found is None else _number_text(found.group())
-
-
 def _last(matches):
     last = None
     for last in matches:  # noqa: B007 -- the loop only finds the last match
@@ -319,13 +335,7 @@ def _last(matches):
 
 
 def _number_text(number: str) -> str:
-    number = number.replace(" ", "")
-    if "e" in number.lower() and "/" not in number:
-        try:  # math-verify would read 1.5e3 as 1.5 * E * 3
-            return format(Decimal(number.replace(",", "")), "f")
-        except InvalidOperation:
-            return number
-    return number
+    return number.replace(" ", "")  # "3 / 4" -> "3/4"; an exponent is read by `_parse` (P1)
 
 
 def _fallback(text: str) -> str | None:
@@ -350,9 +360,7 @@ def _fallback(text: str) -> str | None:
 
 def extract_answer(text: str) -> str | None:
     """The answer string of a response (rules A1-A4 of the module docstring), or None."""
-    if not isinstance(text, str):
-        return None
-    text = normalize_text(text)
+    text = normalize_text(_require_text(text))
     boxes = _boxes(text)
     for _, _, content in reversed(boxes):  # A1 (+ A4: "\\boxed{.}" is an empty box)
         if content is not None:
@@ -407,9 +415,30 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+# P1: scientific notation (not glued to a word, a decimal point or a backslash command).
+_SCIENTIFIC = re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([-+]?\d+)(?!\w|\.\d)")
+
+
+def _scientific_to_latex(answer: str) -> str | None:
+    """Rule P1: `1.5e3` -> `1.5\\times10^{3}` (None if an exponent exceeds MAX_EXPONENT)."""
+    too_big = False
+
+    def write(found: re.Match) -> str:
+        nonlocal too_big
+        exponent = int(found.group(2))
+        too_big |= abs(exponent) > MAX_EXPONENT
+        return f"{found.group(1).rstrip('.')}\\times10^{{{exponent}}}"
+
+    written = _SCIENTIFIC.sub(write, answer)
+    return None if too_big else written
+
+
 def _parse(answer: str, timeout_s: int) -> list:
     """Parse one extracted answer into math-verify's [sympy, str] form ([] on failure)."""
     if not answer or len(answer) > MAX_ANSWER_CHARS:
+        return []
+    answer = _scientific_to_latex(answer)
+    if answer is None:
         return []
     try:
         return parse(
@@ -438,8 +467,9 @@ def is_equivalent(gold: str, answer: str | None, *, timeout_s: int = 5) -> bool:
     `timeout_s` bounds parsing and comparison each (whole seconds: math-verify uses
     `signal.alarm`; off the main thread no timeout can be set and none is used).
     """
-    if not isinstance(answer, str):
+    if answer is None:
         return False
+    _require_text(answer, "answer")
     try:
         gold_parsed = list(_parse_gold(str(gold), int(timeout_s)))
         pred = _parse(_clean(normalize_text(answer)), int(timeout_s))
@@ -456,9 +486,10 @@ def grade(response: str, gold: str, *, truncated: bool = False, timeout_s: int =
     """Binary reward of a response: 1.0 iff not truncated and its answer is equivalent to gold.
 
     The answer is `extract_answer(response)` (the last complete `\\boxed{}`, else the
-    rightmost number or math expression outside any box). Never raises, whatever
-    `response` holds.
+    rightmost number or math expression outside any box). Never raises for a `str`
+    `response`, whatever it holds; a non-`str` one (bytes, None) raises TypeError.
     """
+    _require_text(response)
     if truncated:
         return 0.0
     try:
@@ -501,8 +532,10 @@ def answer_key(response: str, *, truncated: bool = False, timeout_s: int = 5) ->
     Equivalent numbers get the same key (`0.5`, `\\frac{1}{2}`, `1/2` -> `'1/2'`; `1,000` and
     `1000` -> `'1000'`): a rational value is written as SymPy's exact `p/q`, a float is
     rationalised at 1e-9 first. Non-numeric answers use SymPy's string form, unparsable
-    ones the stripped text. Truncated or answerless responses abstain.
+    ones the stripped text. Truncated or answerless responses abstain; a non-`str` response
+    raises TypeError.
     """
+    _require_text(response)
     if truncated:
         return None
     try:
@@ -517,6 +550,8 @@ def answer_key(response: str, *, truncated: bool = False, timeout_s: int = 5) ->
             return expr.strip()
         import sympy  # math-verify depends on it; imported here to keep module import light
 
+        if expr.is_number and not isinstance(expr, sympy.Number):
+            expr = expr.doit()  # P1 gives an unevaluated 1.5*10**3: key it as 1500
         if isinstance(expr, sympy.Number):
             value = sympy.nsimplify(expr, rational=True, tolerance=1e-9)
             return str(value)

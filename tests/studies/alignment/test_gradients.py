@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sera_jax import objective
 from sera_jax.studies.alignment import gradients as alignment
 from sera_jax.studies.alignment import resnet
 
@@ -61,8 +62,9 @@ def test_efficient_gradient_equals_brute_force_per_rollout(tiny):
     cot = alignment.maxrl_logit_cotangent(key, logits, y, counts, weights, n0=n0)
     fast = alignment.param_gradient(logits_fn, params, cot)
 
-    seg, labels = alignment.sample_rollouts(key, logits, counts, P * n0)
-    seg, labels = np.asarray(seg), np.asarray(labels)
+    plan = objective.plan_from_counts(counts, weights, P * n0)
+    seg = np.asarray(plan.segment_ids)
+    labels = np.asarray(alignment.sample_rollouts(key, logits, plan))
     r = (labels == np.asarray(y)[seg]).astype(np.float64)
     assert 0 < r.sum() < len(r)  # the check needs both outcomes
     k = np.bincount(seg, weights=r, minlength=P)
@@ -150,7 +152,9 @@ def test_rollouts_are_paired_by_image_and_rank():
     b = jnp.array([5, 2, 4, 3, 6, 4], jnp.int32)
     by_image = []
     for counts in (a, b):
-        seg, labels = map(np.asarray, alignment.sample_rollouts(key, z, counts, 24))
+        plan = objective.plan_from_counts(counts, jnp.ones(P), 24)
+        seg, labels = np.asarray(plan.segment_ids), np.asarray(
+            alignment.sample_rollouts(key, z, plan))
         by_image.append([labels[seg == q] for q in range(P)])
     for q in range(P):
         n = min(len(by_image[0][q]), len(by_image[1][q]))

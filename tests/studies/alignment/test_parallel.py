@@ -3,15 +3,17 @@
 import jax
 import numpy as np
 
-from sera_jax import sharding
+from sera_jax import optim, sharding
 from sera_jax.studies.alignment import data, resnet
 from sera_jax.studies.alignment import gradients as alignment
-from sera_jax.studies.alignment.train import Steps, init_state, make_optimizer
+from sera_jax.studies.alignment.train import Steps, init_state
 
 
 def test_sharded_rl_step_matches_single_device():
     assert jax.device_count() == 8  # tests/conftest.py forces 8 CPU devices
-    tx = make_optimizer(lr=0.1, momentum=0.9, weight_decay=1e-4, warmup_steps=1, total_steps=10)
+    tx = optim.make_optimizer(optim.get_config(
+        name="sgd", learning_rate=0.1, schedule="cosine", warmup_steps=1, momentum=0.9,
+        weight_decay=1e-4, weight_decay_mask="kernels", grad_clip=0.0), num_steps=10)
     graphdef, state0 = init_state(resnet.make_resnet(
         resnet.digits_resnet_config(width=4, stage_sizes=(1,))), tx)
     steps = Steps(graphdef, tx)

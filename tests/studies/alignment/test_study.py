@@ -6,10 +6,12 @@ import os
 import subprocess
 import sys
 
+import ml_collections
 import numpy as np
 import pytest
 
-from sera_jax import config_files
+from sera_jax import config_files, optim
+from sera_jax.studies import common
 from sera_jax.studies.alignment import study
 from tests import util
 
@@ -34,18 +36,20 @@ def test_configs_share_every_field():
     assert _flat_keys(digits) - {k for k in _flat_keys(digits) if k.startswith(
         ("data.", "model."))} == _flat_keys(imagenet) - data - {
             k for k in _flat_keys(imagenet) if k.startswith("model.")}
-    assert imagenet.train.n0 == 128 and imagenet.allocation.n_max == 512
-    assert imagenet.batch_size == 256 and imagenet.allocation.threshold == 0.05
+    assert imagenet.rl.rollouts_per_prompt == 128 and imagenet.rl.allocation.n_max == 512
+    assert imagenet.rl.prompts_per_step == 256 and imagenet.rl.allocation.threshold == 0.05
+    for c in (digits, imagenet):  # the one optimiser block, every field spelt out
+        assert set(c.sft.optimizer) == set(c.rl.optimizer) == set(optim.DEFAULTS)
 
 
 def test_digits_measure_binary_writes_outputs(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "experiments", "gradient_alignment.py"),
            f"--config={os.path.join(ROOT, 'configs/gradient_alignment/digits.py')}",
            f"--workdir={tmp_path}", "--config.measure.budgets=(2,4)",
-           "--config.measure.methods=('uniform','sera')",
+           "--config.compare.methods=('uniform','sera')",
            "--config.measure.num_draws=2", "--config.measure.stage_steps=(0,2)",
-           "--config.measure.stage_names=('init','two')", "--config.measure.batch_size=16",
-           "--config.batch_size=16", "--config.model.width=4",
+           "--config.measure.stage_names=('init','two')", "--config.measure.prompts_per_step=16",
+           "--config.sft.batch_size=16", "--config.model.width=4",
            "--config.model.stage_sizes=(1,)", "--config.measure.unroll=2",
            "--config.measure.cot_chunk=4"]
     env = dict(os.environ, PYTHONPATH=ROOT)
@@ -73,16 +77,21 @@ def test_validation_before_any_work(tmp_path):
     to check n_min and the budget after ~20 s of work and to accept lr = -1)."""
     from sera_jax.studies.common import StudyError
 
-    for field, value, match in (("optim.lr", -1.0, "optim.lr"),
-                                ("optim.lr", float("inf"), "optim.lr"),
-                                ("allocation.n_min", 1, "allocation.n_min"),
-                                ("allocation.threshold", 1.5, "allocation.threshold"),
-                                ("measure.budgets", (2, 1024), "measure.budgets"),
-                                ("measure.methods", ("uniform", "sera_dynamic"),
-                                 "did you mean"),
-                                ("measure.num_draws", 1, "num_draws"),
-                                ("mode", "trian", "mode")):
-        c = util.set_field(_config("digits"), field, value)
+    for field, value, match in (
+            ("sft.optimizer.learning_rate", -1.0, "sft.optimizer.learning_rate"),
+            ("sft.optimizer.learning_rate", float("inf"), "sft.optimizer.learning_rate"),
+            ("sft.optimizer.warmup_steps", -1, "sft.optimizer.warmup_steps"),
+            ("rl.allocation.n_min", 1, "rl.allocation.n_min"),
+            ("rl.allocation.threshold", 1.5, "rl.allocation.threshold"),
+            ("rl.mesh.data", 0, "rl.mesh.data"),
+            ("measure.budgets", (2, 1024), "measure.budgets"),
+            ("compare.methods", ("uniform", "serra"), "did you mean 'sera'"),
+            ("compare.methods", "uniform,sera", "a tuple of distinct method names"),
+            ("measure.num_draws", 1, "num_draws"),
+            ("mode", "trian", "mode")):
+        # Not type-safe: a user's own file may hold a string where the default has a tuple.
+        c = ml_collections.ConfigDict(_config("digits").to_dict(), type_safe=False)
+        util.set_field(c, field, value)
         with pytest.raises(StudyError, match=match):
             study.run(c, str(tmp_path / "w"))
     assert not (tmp_path / "w").exists()
@@ -91,9 +100,9 @@ def test_validation_before_any_work(tmp_path):
 def test_digits_train_mode(tmp_path):
     c = _config("digits")
     c.mode = "train"
-    c.batch_size, c.model.width, c.model.stage_sizes = 16, 4, (1,)
-    c.train.num_steps, c.train.log_every, c.train.n0 = 3, 2, 4
-    c.train.pass_ks = (1, 4)
+    c.rl.prompts_per_step, c.model.width, c.model.stage_sizes = 16, 4, (1,)
+    c.rl.num_steps, c.rl.log_every, c.rl.rollouts_per_prompt = 3, 2, 4
+    c.eval.ks = (1, 4)
     res = study.run(c, str(tmp_path))
     assert [r["step"] for r in res["log"]] == [0, 2]
     r = res["log"][-1]
@@ -110,12 +119,12 @@ def test_imagenet_config_on_mock_data(tmp_path, mode):
     c.mode = mode
     c.model.name = "tiny_resnet"
     c.data.data_dir, c.data.image_size, c.data.shuffle_buffer = str(tmp_path / "tfds"), 64, 8
-    c.batch_size = c.measure.batch_size = 8
-    c.optim.warmup_steps = 1
-    c.train.num_steps, c.train.log_every, c.train.n0 = 2, 1, 4
-    c.train.eval_batch_size, c.train.eval_batches = 8, 1
+    c.sft.batch_size = c.rl.prompts_per_step = c.measure.prompts_per_step = 8
+    c.sft.optimizer.warmup_steps = c.rl.optimizer.warmup_steps = 1
+    c.rl.num_steps, c.rl.log_every, c.rl.rollouts_per_prompt = 2, 1, 4
+    c.eval.batch_size, c.eval.num_batches = 8, 1
     c.measure.stage_steps, c.measure.stage_names = (0, 1), ("init", "one")
-    c.measure.budgets, c.measure.methods = (2, 4), ("uniform", "sera")
+    c.measure.budgets, c.compare.methods = (2, 4), ("uniform", "sera")
     c.measure.num_draws, c.measure.unroll, c.measure.cot_chunk = 2, 2, 4
     with tfds.testing.mock_data(num_examples=16):
         res = study.run(c, str(tmp_path / "out"))
@@ -130,12 +139,12 @@ def test_two_stage_method_end_to_end(tmp_path):
     """sera_sequential (pilot, then allocation per draw) and sera_posterior in measure mode
     at tiny size; refused by train mode before any work."""
     c = _config("digits")
-    assert {"sera_posterior", "sera_sequential"} <= set(c.measure.methods)  # the default
-    c.batch_size = c.measure.batch_size = 16
+    assert {"sera_posterior", "sera_sequential"} <= set(c.compare.methods)  # the default
+    c.sft.batch_size = c.measure.prompts_per_step = 16
     c.model.width, c.model.stage_sizes = 4, (1,)
     c.measure.stage_steps, c.measure.stage_names = (0,), ("init",)
     c.measure.budgets = (2, 4)
-    c.measure.methods = ("uniform", "sera", "sera_posterior", "sera_sequential")
+    c.compare.methods = ("uniform", "sera", "sera_posterior", "sera_sequential")
     c.measure.num_draws, c.measure.unroll, c.measure.cot_chunk = 3, 2, 5
     res = study.run(c, str(tmp_path / "m"))
     rows = res["rows"]
@@ -156,9 +165,53 @@ def test_two_stage_method_end_to_end(tmp_path):
     assert "Rules beyond the paper vs SERA" in res["summary"]
     assert "sera_sequential | Δ vs SERA" in res["summary"]
 
-    c.mode, c.train.method = "train", "sera_sequential"
+    c.mode, c.rl.method = "train", "sera_sequential"
     from sera_jax.studies.common import StudyError
 
     with pytest.raises(StudyError, match="in-step pilot"):
         study.run(c, str(tmp_path / "t"))
     assert not (tmp_path / "t").exists()
+
+
+def test_old_field_names_name_the_new_ones(tmp_path):
+    """An override of a renamed field names its new home (binary and `unknown_override`);
+    so does an old config file passed to `run`."""
+    c = _config("digits")
+    for old, new in (("train.n0", "rl.rollouts_per_prompt"), ("optim.lr",
+                     "sft.optimizer.learning_rate"), ("allocation.n_max", "rl.allocation.n_max"),
+                     ("measure.methods", "compare.methods"), ("mesh.data", "rl.mesh.data")):
+        assert common.unknown_override([f"--config.{old}=1"], c) == (
+            f"--config.{old}: this field was renamed; use --config.{new}")
+    for old, new in study.RENAMED.items():  # every new home is a field of both configs
+        for name in ("digits", "imagenet_resnet50"):
+            assert new in common.config_keys(_config(name)), (name, old, new)
+    c.train = {"n0": 4}  # a user's own config file with an old block
+    with pytest.raises(common.StudyError, match="'train.n0' was renamed 'rl.rollouts_per_prompt'"):
+        study.run(c, str(tmp_path / "w"))
+    binary = os.path.join(ROOT, "experiments", "gradient_alignment.py")
+    out = subprocess.run([sys.executable, binary, f"--workdir={tmp_path}",
+                          "--config.measure.methods=('uniform',)"], capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
+    assert out.returncode == 1 and out.stderr.strip().splitlines()[-1] == (
+        "error: --config.measure.methods: this field was renamed; use --config.compare.methods")
+
+
+def test_a_new_allocator_runs_as_a_method(tmp_path, monkeypatch):
+    """An allocator added the way every one is (`@register` + a `Method`: tests/toy_allocator)
+    is measured by name, with no study code of its own."""
+    from sera_jax import methods
+    from tests import toy_allocator
+
+    monkeypatch.setitem(methods.METHODS, "toy", toy_allocator.TOY)
+    c = _config("digits")
+    c.sft.batch_size = c.measure.prompts_per_step = 16
+    c.model.width, c.model.stage_sizes = 4, (1,)
+    c.measure.stage_steps, c.measure.stage_names = (0,), ("init",)
+    c.measure.budgets, c.compare.methods = (2, 4), ("uniform", "toy")
+    c.measure.num_draws, c.measure.unroll, c.measure.cot_chunk = 2, 2, 4
+    rows = study.run(c, str(tmp_path))["rows"]
+    by = {(r["budget"], r["method"], r["draw"]): r for r in rows}
+    assert len(rows) == 2 * 2 * 2 and all(-1 <= r["cosine"] <= 1 for r in rows)
+    for d in range(2):  # N0 = n_min: no freedom, so the paired draws coincide
+        assert by[(2, "toy", d)]["cosine"] == by[(2, "uniform", d)]["cosine"]
+    assert by[(4, "toy", 0)]["kappa_min"] != by[(4, "uniform", 0)]["kappa_min"]

@@ -1,12 +1,18 @@
-"""The study end to end on a tiny config, and the CPU default config."""
+"""The study end to end on a tiny config, the CPU default config, validation and renames."""
 
 import os
+import subprocess
+import sys
 
+import ml_collections
+import numpy as np
 import pytest
 
-from sera_jax import methods
+from sera_jax import methods, optim
 from sera_jax.config_files import get_config
+from sera_jax.studies import common
 from sera_jax.studies.lab import study, train
+from tests import util
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 CPU = os.path.join(ROOT, "configs", "allocation_lab", "cpu.py")
@@ -14,26 +20,32 @@ CPU = os.path.join(ROOT, "configs", "allocation_lab", "cpu.py")
 
 def _tiny():
     c = get_config(CPU)
-    c.num_seeds = 3
-    c.methods = ("uniform", "sera_equalized")
+    c.compare.seeds = (0, 1, 2)
+    c.compare.methods = ("uniform", "sera_equalized")
     c.task.num_train, c.task.num_test, c.task.num_answers = 8, 8, 6
     c.task.feature_dim, c.task.num_skills = 4, 2
-    c.train.prompts_per_step, c.train.n0, c.train.n_max = 4, 4, 8
-    c.train.num_steps, c.train.eval_every = 4, 2
-    c.report.ks = (1, 4, 16)
+    c.rl.prompts_per_step, c.rl.rollouts_per_prompt, c.rl.allocation.n_max = 4, 4, 8
+    c.rl.num_steps, c.eval.every = 4, 2
+    c.eval.ks = (1, 4, 16)
     c.report.table_ks, c.report.fig_ks = (1, 16), (1, 16)
     c.report.challengers = ("sera_equalized",)
     c.report.challenge_reference = "uniform"
-    c.maze_cell.prompts_per_step, c.maze_cell.n0, c.maze_cell.n_max = 4, 4, 8
+    c.maze_cell.prompts_per_step, c.maze_cell.rollouts_per_prompt, c.maze_cell.n_max = 4, 4, 8
     c.maze_cell.num_steps, c.maze_cell.eval_every = 4, 2
     c.maze_cell.table_ks = (1, 4)
+    c.maze_cell.enabled = True  # off in the CPU default (no maze long-horizon config yet)
     c.maze_cell.methods = ("uniform", "sera_equalized")  # compiled once, shared by all cells
     c.regime.shapes = ((4, 4, 8),)
     c.regime.difficulties = ("maze", "hard")
     c.regime.methods = ("uniform", "sera_equalized")
     c.regime.subject = "sera_equalized"
-    c.regime.num_seeds, c.regime.num_steps, c.regime.eval_every = 3, 4, 2
+    c.regime.seeds, c.regime.num_steps, c.regime.eval_every = (0, 1, 2), 4, 2
     c.regime.ks = (1, 16)
+    c.maze_family.methods = ("uniform", "sera_equalized")
+    c.maze_family.maze_size, c.maze_family.horizon = 3, 4
+    c.maze_family.num_train, c.maze_family.num_test = 8, 8
+    c.maze_family.prompts_per_step, c.maze_family.rollouts_per_prompt = 4, 4
+    c.maze_family.n_max, c.maze_family.num_steps, c.maze_family.eval_every = 8, 4, 2
     return c
 
 
@@ -44,21 +56,105 @@ def test_study_end_to_end(tmp_path):
         assert (tmp_path / f).exists(), f
     s = out["summary"]
     assert "Paired differences vs uniform" in s and "Regime map" in s and "Maze default" in s
-    assert "Student t" in s
-    assert len(out["regime"]) == 2 * 2 * 1  # laws x ks x (method, reference) pairs
-    assert set(out["main"]) == {"uniform", "sera_equalized"}
+    assert "Student t" in s and "2 methods × 3 paired seeds" in s and "AdamW lr 0.05" in s
+    # laws x ks x (method, reference) pairs: sera − uniform, uniform/sera − null
+    assert len(out["regime"]) == 2 * 2 * 3
+    assert set(out["main"]) == {"uniform", "sera_equalized", study.NULL, study.AA}
+    assert set(out["maze_family"]) == {"uniform", "sera_equalized", study.NULL, study.AA}
+    assert "**Gate, lr 0.05:** uniform − null pass@1 = " in s and "| method − null |" in s
+    assert "Maze family: Controls" in s and "A/A: uniform_aa − uniform has a CI" in s
+    assert "Δ vs the null" in s  # the regime map's controls
+    assert isinstance(out["gate"]["admissible"], bool) and out["maze_gate"] is not None
+    assert out["main"]["uniform"]["pass_at_k"].shape[0] == 3  # one row per seed
 
 
 def test_cpu_default_is_valid():
     c = get_config(CPU)
-    assert c.num_seeds >= 64
-    for name in list(c.methods) + list(c.regime.methods) + list(c.maze_cell.methods):
-        methods.get_method(name)
-    assert set(methods.METHODS) <= set(c.methods)  # every registered method is compared
+    assert len(c.compare.seeds) >= 64 and c.compare.baseline == "uniform"
+    runnable = {n for n, m in methods.METHODS.items() if not m.dynamic_sampling}
+    assert runnable <= set(c.compare.methods)  # every method the lab can run is compared
+    assert set(c.rl.optimizer) == set(optim.DEFAULTS)  # the one optimiser block, spelt out
+    study.validate(c)
     setup = train.setup_from_config(c)
-    for p, n0, n_max in c.regime.shapes:
-        setup.with_(prompts_per_step=p, n0=n0, n_max=n_max, num_steps=c.regime.num_steps,
-                    eval_every=c.regime.eval_every)
-    with pytest.raises(ValueError, match="unknown method"):
-        c.methods = ("uniform", "sera_dynamic")
-        study.run(c, "/nonexistent/never-written")
+    assert (setup.n0, setup.budget, dict(setup.optimizer)["learning_rate"]) == (8, 64, 0.05)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("compare.methods", ("uniform", "serra"), "did you mean 'sera'"),
+    ("compare.methods", "uniform,sera", "a tuple of distinct method names"),
+    ("compare.methods", ("uniform", "dapo"), "without DAPO dynamic sampling"),
+    ("compare.baseline", "knapsack", "compare.baseline"),
+    ("compare.seeds", (0,), "compare.seeds"),
+    ("regime.seeds", (1, 1), "regime.seeds"),
+    ("report.table_ks", (1, 3), "subset of eval.ks"),
+    ("rl.rollouts_per_prompt", 100, "n_min <= n0 <= n_max"),
+    ("rl.optimizer.learning_rate", -1.0, "rl.optimizer.learning_rate"),
+])
+def test_bad_values_are_refused_before_any_work(tmp_path, field, value, match):
+    # Not type-safe: a user's own config file may hold a string where the default has a tuple.
+    c = ml_collections.ConfigDict(get_config(CPU).to_dict(), type_safe=False)
+    util.set_field(c, field, value)
+    with pytest.raises(common.StudyError, match=match):
+        study.run(c, str(tmp_path / "w"))
+    assert not (tmp_path / "w").exists()
+
+
+def test_old_field_names_name_the_new_ones(tmp_path):
+    """An override of a renamed field names its new home; so does an old config file."""
+    c = get_config(CPU)
+    assert (common.unknown_override(["--config.train.n0=4"], c)
+            == "--config.train.n0: this field was renamed; use --config.rl.rollouts_per_prompt")
+    msg = common.unknown_override(["--config.num_seeds=8"], c)
+    assert msg.endswith("use --config.compare.seeds")
+    assert common.unknown_override(["--config.history.gamma=0.5"], c).endswith(
+        "use --config.rl.history.gamma")
+    c.methods = ("uniform", "sera")  # a user's own config file with the old field
+    with pytest.raises(common.StudyError, match="'methods' was renamed 'compare.methods'"):
+        study.run(c, str(tmp_path / "w"))
+    for old, new in study.RENAMED.items():  # every new home is a field of the default
+        assert new in common.config_keys(get_config(CPU)), (old, new)
+    out = subprocess.run([sys.executable, "-m", "experiments.allocation_lab",
+                          f"--workdir={tmp_path}", "--config.train.n_max=16"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and out.stderr.strip().splitlines()[-1] == (
+        "error: --config.train.n_max: this field was renamed; use "
+        "--config.rl.allocation.n_max"), out.stderr[-2000:]
+
+
+def test_a_new_allocator_runs_as_a_method(tmp_path, monkeypatch):
+    """An allocator added the way every one is (`@register` + a `Method`: tests/toy_allocator)
+    runs in the lab by name, with no lab code of its own."""
+    from tests import toy_allocator
+
+    monkeypatch.setitem(methods.METHODS, "toy", toy_allocator.TOY)
+    c = _tiny()
+    c.compare.methods = ("uniform", "toy")
+    c.report.challengers, c.maze_cell.enabled, c.regime.enabled = (), False, False
+    out = study.run(c, str(tmp_path))
+    toy, uni = out["main"]["toy"], out["main"]["uniform"]
+    setup = train.setup_from_config(c)
+    assert (toy["counts"].sum(-1) == setup.budget).all()
+    assert toy["counts"].min() >= 2 and (toy["counts"] != setup.n0).any()  # hardest first
+    assert not np.array_equal(toy["pass_at_k"], uni["pass_at_k"])
+    assert "| toy |" in out["summary"]
+
+
+def test_lr_sweep_gates_each_lr_and_tables_theta(tmp_path):
+    """The sweep: lr 0 fails the gate (✗), the selected lr is an admissible one, and the θ
+    table has one row per θ (configs/allocation_lab/lr_sweep.py is valid)."""
+    study.validate(get_config(os.path.join(ROOT, "configs", "allocation_lab", "lr_sweep.py")))
+    c = _tiny()
+    c.maze_family.enabled = c.maze_cell.enabled = c.regime.enabled = False
+    c.sweep.enabled, c.sweep.learning_rates, c.sweep.frontier_k = True, (0.0, 0.5), 16
+    c.sweep.methods, c.sweep.thetas = ("uniform", "sera"), (0.05, 0.2)
+    c.compare.seeds = tuple(range(8))
+    out = study.run(c, str(tmp_path))
+    rows = {r["lr"]: r for r in out["sweep"]}
+    assert rows[0.0]["admissible"] is False and rows[0.0]["gate"].mean == 0.0
+    s = out["summary"]
+    assert "| 0.0 | +0.00 [+0.00, +0.00] (n.s.) ✗ |" in s
+    if rows[0.5]["admissible"]:
+        assert "Selected lr (admissible, best uniform pass@16): **0.5**" in s
+        assert "| 0.2 |" in s and "θ sensitivity at lr 0.5" in s
+    else:
+        assert "No lr of the grid is admissible" in s

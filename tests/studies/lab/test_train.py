@@ -11,8 +11,8 @@ from sera_jax.studies.lab import train
 
 SETUP = train.Setup(num_train=8, num_test=8, num_answers=6, feature_dim=4, num_skills=2,
                     prompts_per_step=4, n0=4, n_min=2, n_max=8, num_steps=6, eval_every=2,
-                    learning_rate=0.1, ks=(1, 4, 16))
-SEEDS = 3
+                    optimizer=(("learning_rate", 0.1),), ks=(1, 4, 16))
+SEEDS = (0, 1, 2)
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +51,10 @@ def _same(a, b):
 
 def test_shapes_and_budget(uniform_run, sera_run):
     s = SETUP
-    assert sera_run["steps"].shape == (SEEDS, s.num_steps, len(train.STEP_METRICS))
-    assert sera_run["counts"].shape == (SEEDS, s.num_steps, s.prompts_per_step)
-    assert sera_run["pass_at_k"].shape == (SEEDS, len(s.eval_steps), 2, len(s.ks))
+    n = len(SEEDS)
+    assert sera_run["steps"].shape == (n, s.num_steps, len(train.STEP_METRICS))
+    assert sera_run["counts"].shape == (n, s.num_steps, s.prompts_per_step)
+    assert sera_run["pass_at_k"].shape == (n, len(s.eval_steps), 2, len(s.ks))
     assert (sera_run["counts"].sum(-1) == s.budget).all()
     assert (uniform_run["counts"] == s.n0).all()
     # Epoch 1 is all unseen: SERA gives N0 each; afterwards it spreads the budget.
@@ -123,3 +124,21 @@ def test_setup_validation():
         train.Setup(num_train=10, prompts_per_step=4)
     with pytest.raises(ValueError, match="n_min <= n0 <= n_max"):
         train.Setup(n0=100, n_max=64)
+    with pytest.raises(ValueError, match="rl.optimizer.schedule must be 'constant'"):
+        train.Setup(optimizer=(("schedule", "cosine"), ("warmup_steps", 0)))
+    with pytest.raises(ValueError, match=r"config.rl.optimizer.learning_rate=-1"):
+        train.Setup(optimizer=(("learning_rate", -1),))
+
+
+def test_seed_s_is_the_same_in_any_seed_tuple():
+    """Seed s is fold_in(key(seed), s) with task rng [seed, s], whichever tuple holds it:
+    a run on (3, 1) is rows 3 and 1 of a run on (0, 1, 2, 3)."""
+    import jax
+
+    full, sub = train.seed_keys(7, (0, 1, 2, 3)), train.seed_keys(7, (3, 1))
+    np.testing.assert_array_equal(sub, full[np.array([3, 1])])
+    np.testing.assert_array_equal(
+        sub[0], jax.random.key_data(jax.random.fold_in(jax.random.key(7), 3)))
+    t_full, t_sub = train.make_tasks(SETUP, 7, (0, 1, 2, 3)), train.make_tasks(SETUP, 7, (3, 1))
+    for a, b in zip(jax.tree.leaves(t_full), jax.tree.leaves(t_sub)):
+        np.testing.assert_array_equal(np.asarray(a)[np.array([3, 1])], b)

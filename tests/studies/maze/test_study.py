@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -14,6 +15,8 @@ from sera_jax import config_files, loop
 from sera_jax.checkpoint import CheckpointError
 from sera_jax.models.configs import get_config as get_model_config
 from sera_jax.records import read_jsonl
+from sera_jax.rl import config as rl_config
+from sera_jax.rl import evaluate as eval_lib
 from sera_jax.studies import common
 from sera_jax.studies import maze as study
 from sera_jax.tasks import maze as maze_lib
@@ -38,13 +41,12 @@ def test_configs_are_consistent():
     assert (model_cfg.num_layers, model_cfg.hidden_size, model_cfg.intermediate_size) == (
         4, 256, 1024)
     assert (model_cfg.num_heads, model_cfg.num_kv_heads, model_cfg.rope_theta) == (4, 2, 1e6)
-    for name in ("cpu", "tiny", "maze17_paper"):
+    for name in ("cpu", "cpu_16step", "tiny", "maze17_paper"):
         cfg = load_config(name)
-        study.validate(cfg, common.parse_methods(cfg.compare.methods),
-                       common.parse_list(cfg.compare.seeds, int))
+        study.validate(cfg, list(cfg.compare.methods), list(cfg.compare.seeds))
     cpu = load_config("cpu")
     assert cpu.task.max_new_tokens >= maze_lib.max_answer_length(cpu.task.size)
-    assert {"uniform", "sera"} <= set(cpu.compare.methods.split(","))
+    assert {"uniform", "sera"} <= set(cpu.compare.methods)
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +178,7 @@ def test_override_on_top_of_a_preset_takes_effect(tmp_path):
     assert saved["rl"]["allocation"]["mode"] == "equalized"
     train = read_jsonl(os.path.join(study.run_dir(work, "sera", 0), "train.jsonl"))
     assert all(r["active_prompts"] == cfg.rl.prompts_per_step for r in train)
-    trainer_method = study.rl_config.method(study.run_config(cfg, "sera", 0))
+    trainer_method = rl_config.method(study.run_config(cfg, "sera", 0))
     assert dict(trainer_method.options)["mode"] == "equalized"
 
 
@@ -278,14 +280,14 @@ def pipeline(tmp_path_factory):
     cfg = load_config("tiny")
     work = str(tmp_path_factory.mktemp("maze_pipeline"))
     calls = {"sft": [], "rl": []}
-    original = study.eval_lib.evaluate
+    original = eval_lib.evaluate
     phase = {"now": "sft"}
 
     def spy(model, task, split, *, num_samples, key, **kwargs):
         calls[phase["now"]].append((split, num_samples, _key_tuple(key)))
         return original(model, task, split, num_samples=num_samples, key=key, **kwargs)
 
-    study.eval_lib.evaluate = spy
+    eval_lib.evaluate = spy
     try:
         t0 = time.perf_counter()
         study.run(cfg, work, "sft")
@@ -293,7 +295,7 @@ def pipeline(tmp_path_factory):
         table = study.run(cfg, work, "compare")
         seconds = time.perf_counter() - t0
     finally:
-        study.eval_lib.evaluate = original
+        eval_lib.evaluate = original
     return cfg, work, table, calls, seconds
 
 
@@ -302,19 +304,20 @@ def test_tiny_runs_the_default_pipeline_in_minutes(pipeline):
     assert seconds < 300
     saved = json.load(open(os.path.join(work, "results", "comparison.json")))
     assert saved["valid"] == table["valid"] and saved["null_control"]["ran"]
-    assert set(saved["methods"]) == {"uniform", "sera", study.NULL}
+    assert set(saved["methods"]) == {"uniform", "sera", "sera_evidence", study.NULL, study.AA}
     ks = [str(k) for k in (1, 2, 4, 8)]
+    budget = cfg.rl.prompts_per_step * cfg.rl.rollouts_per_prompt
     for e in saved["methods"].values():
         for k in ks:  # per seed, per k values
-            assert len(e["pass_at_k"][k]["values"]) == len(e["seeds"]) == 1
-            assert len(e["train_pass_at_k"][k]["values"]) == 1
-        assert e["rollouts"]["mean"] == cfg.rl.num_steps * 8  # matched generated rollouts
+            assert len(e["pass_at_k"][k]["values"]) == len(e["seeds"]) == 2
+            assert len(e["train_pass_at_k"][k]["values"]) == 2
+        assert e["rollouts"]["mean"] == cfg.rl.num_steps * budget  # matched rollouts
     for split in ("eval", "train"):
         for k in ks:
             d = saved["paired"]["sera"][split][k]
             assert d["lo"] <= d["mean"] <= d["hi"] and d["verdict"] in (
                 "better", "worse", "no difference")
-            assert len(d["per_seed"]) == len(d["per_seed_ci"]) == 1
+            assert len(d["per_seed"]) == len(d["per_seed_ci"]) == 2
             assert saved["noise_floor"][split][k]["floor"] >= 0
             assert k in saved["vs_sft"][study.NULL][split]
     assert set(saved["null_control"]["within_floor"]) == set(ks)
@@ -337,17 +340,107 @@ def test_sft_start_is_scored_with_the_keys_of_every_rl_evaluation(pipeline):
             key = _key_tuple(study.eval_key(cfg.eval.seed, step, split))
             assert (split, cfg.eval.curve_samples, key) in sft_keys
             if step > 0:  # every arm x seed evaluated there, with exactly that key
-                assert calls["rl"].count((split, cfg.eval.curve_samples, key)) == 3
+                assert calls["rl"].count((split, cfg.eval.curve_samples, key)) == 5 * 2
     # The noise floor's second key set is scored for the SFT policy only.
     noise = _key_tuple(study.eval_key(cfg.eval.noise_seed, cfg.rl.num_steps, "eval"))
     assert ("eval", cfg.eval.num_samples, noise) in sft_keys
     assert all(c[2] != noise for c in calls["rl"])
     # Step 0 of every curve is the SFT start scored with the step-0 keys.
     start = json.load(open(os.path.join(work, "sft", "crn", "step0_n8_keys1234.json")))
-    for arm in ("uniform", "sera", study.NULL):
+    for arm in ("uniform", "sera", "sera_evidence", study.NULL, study.AA):
         first = read_jsonl(os.path.join(study.run_dir(work, arm, 0), "eval.jsonl"))[0]
         assert first["step"] == 0 and first["num_correct"] == start["num_correct"]
         assert first["train"]["num_correct"] == start["train"]["num_correct"]
+
+
+def test_curve_statistics_primary_gate_and_aa(pipeline):
+    """comparison.json holds the curve analysis: per-seed per-point per-k values (unbiased
+    and the published bootstrap), Δ(t) with bands for every comparison, the primary endpoint
+    read from the config (and pre-registered), Holm-adjusted secondaries, the gate with its
+    outcome, the A/A false-positive rate and per-step diagnostics."""
+    cfg, work, table, _, _ = pipeline
+    saved = json.load(open(os.path.join(work, "results", "comparison.json")))
+    cur = saved["curves"]
+    steps = study.eval_steps(cfg)
+    assert cur["steps"] == steps and cur["ks"] == [1, 2, 4, 8]
+    seeds = [str(s) for s in cfg.compare.seeds]
+    for arm in ("uniform", "sera", "sera_evidence", study.NULL, study.AA):
+        assert sorted(cur["per_seed"][arm]) == seeds
+        for split in ("eval", "train"):
+            v = cur["per_seed"][arm]["0"][split]
+            assert len(v["pass_at_k"]["8"]) == len(v["bootstrap_pass_at_k"]["8"]) == len(steps)
+            assert all(b <= u + 1e-12 for b, u in zip(v["bootstrap_pass_at_k"]["8"],
+                                                      v["pass_at_k"]["8"]))
+    for name in ("sera − uniform", "sera_evidence − uniform", "uniform − null", "sera − null",
+                 "aa − uniform", "sera − SFT"):
+        d = cur["differences"][name]
+        assert d["seeds"] == [0, 1]
+        for split in ("eval", "train"):
+            pts = d[split]["points"]["1"]
+            assert [p["step"] for p in pts] == steps and pts[0]["mean"] == 0  # SFT start
+            assert all(p["lo"] is not None and p["lo"] <= p["mean"] <= p["hi"] for p in pts)
+    # The primary endpoint is the config's, pre-registered before the first RL run.
+    assert json.load(open(os.path.join(work, "preregistered.json")))["k"] == cfg.compare.primary.k
+    prim = saved["primary"]
+    assert (prim["method"], prim["split"], prim["k"], prim["window"]) == (
+        "sera", "eval", cfg.compare.primary.k, cfg.compare.primary.window) and prim["preregistered"]
+    assert prim["estimate"] == cur["differences"]["sera − uniform"]["eval"]["window"]["8"]
+    assert prim["outcome"] in ("positive", "negative", "inconclusive")
+    sec = saved["curves"]["secondary"]
+    assert "Holm" in sec["correction"] and "sera − uniform | eval | pass@8" not in sec["endpoints"]
+    assert "sera_evidence − uniform | eval | pass@8" in sec["endpoints"]
+    assert all(e["p_holm"] is None or e["p_holm"] >= e["p"] for e in sec["endpoints"].values())
+    # The tiny policy never learns to solve a maze in 3 steps: the gate must fail.
+    assert saved["gate"]["ran"] and not saved["gate"]["passes"] and not saved["valid"]
+    assert saved["gate"]["outcome"].startswith("FAIL")
+    aa = saved["aa"]
+    assert aa["ran"] and aa["cells"] == 2 * 4 * (len(steps) - 1)
+    assert 0 <= aa["false_positive_rate"] <= 1
+    diag = cur["diagnostics"]["per_seed"]["sera_evidence"]["1"]
+    assert [r["step"] for r in diag] == [1, 2, 3]
+    for field in ("ever_solved", "unsolved_share", "kappa_believed_min", "kappa_realised_min",
+                  "mixed_fraction", "live_row_fraction", "generated_tokens"):
+        assert field in diag[0]
+    assert cur["diagnostics"]["mean_over_seeds"]["uniform"]["step"] == [1, 2, 3]
+    assert set(saved["bootstrap_pass_at_k"]["methods"]["sera"]) == {"0", "1"}
+    md = open(os.path.join(work, "results", "comparison.md")).read()
+    assert "Primary endpoint" in md and "Gate" in md and "A/A" in md
+    # Chosen after the run: refused.
+    changed = load_config("tiny")
+    changed.compare.primary.k = 4
+    with pytest.raises(common.StudyError, match="cannot change after the run"):
+        study.run(changed, work, "eval")
+
+
+def test_aa_arms_differ_only_in_their_rl_seed(pipeline):
+    cfg, work, _, _, _ = pipeline
+    for seed in cfg.compare.seeds:
+        a = json.load(open(os.path.join(study.run_dir(work, "uniform", seed), "config.json")))
+        b = json.load(open(os.path.join(study.run_dir(work, study.AA, seed), "config.json")))
+        assert b["rl"]["seed"] == seed + cfg.compare.aa_seed_offset != a["rl"]["seed"] == seed
+        a["rl"].pop("seed"), b["rl"].pop("seed")
+        assert a == b  # same method, lr, budget, SFT start, evaluation (keys included)
+    ua = read_jsonl(os.path.join(study.run_dir(work, "uniform", 0), "eval.jsonl"))
+    ub = read_jsonl(os.path.join(study.run_dir(work, study.AA, 0), "eval.jsonl"))
+    assert [r["key_seed"] for r in ua] == [r["key_seed"] for r in ub]
+    ta = read_jsonl(os.path.join(study.run_dir(work, "uniform", 0), "train.jsonl"))
+    tb = read_jsonl(os.path.join(study.run_dir(work, study.AA, 0), "train.jsonl"))
+    assert [r["generated_tokens"] for r in ta] != [r["generated_tokens"] for r in tb]
+
+
+def test_gate_fails_on_a_run_that_does_not_learn(pipeline, tmp_path):
+    """lr = 0: uniform and the null stay the SFT policy, so uniform − null is exactly 0 at
+    every point: the gate fails (CI not above 0), whatever the noise floor."""
+    cfg, work, _, _, _ = pipeline
+    frozen = load_config("tiny")
+    frozen.rl.optimizer.learning_rate = 0.0
+    frozen.compare.aa = False
+    os.symlink(os.path.join(work, "sft"), tmp_path / "sft")  # the same SFT start
+    table = study.run(frozen, str(tmp_path), "compare", ["uniform", "sera"], [0, 1])
+    d = table["curves"]["differences"]["uniform − null"]["eval"]["points"]["1"]
+    assert all(p["mean"] == 0 and p["hi"] == 0 for p in d)
+    assert not table["gate"]["passes"] and not table["gate"]["ci_above_zero"]
+    assert table["gate"]["outcome"].startswith("FAIL")
 
 
 def test_null_control_shuffles_rewards_only_within_a_batch(pipeline):
@@ -448,22 +541,29 @@ def test_paired_bootstrap_and_noise_floor():
 
 
 def test_default_and_regime_configs_are_the_protocol():
-    cpu = load_config("cpu")
-    assert len(cpu.compare.seeds.split(",")) >= 5 and cpu.compare.null
-    assert cpu.eval.num_samples >= 128 and cpu.eval.curve_samples >= 128
-    assert cpu.eval.train_prompts == cpu.task.num_train
-    assert cpu.rl.prompts_per_step == cpu.task.num_train  # p̂ refreshed every step
+    cpu = load_config("cpu")  # the long-horizon default (issue 26)
+    assert cpu.task.num_train >= 256 and cpu.rl.num_steps >= 400
+    assert len(cpu.compare.seeds) >= 8 and cpu.compare.null and cpu.compare.aa
+    assert len(cpu.compare.null_seeds) >= 2 and len(cpu.compare.aa_seeds) >= 4
+    assert {"uniform", "sera", "sera_evidence"} <= set(cpu.compare.methods)
+    assert cpu.eval.num_samples >= 128 and cpu.eval.curve_samples >= cpu.compare.primary.k
+    assert dict(cpu.compare.primary) == {"method": "sera", "split": "eval", "k": 64,
+                                         "window": 3}
+    old = load_config("cpu_16step")  # the earlier default, for its documented results
+    assert old.rl.num_steps == 16 and old.task.num_train == 32
+    assert old.eval.train_prompts == old.task.num_train
+    assert old.rl.prompts_per_step == old.task.num_train  # p̂ refreshed every step
     regime = load_config("regime_map")
     cells = study.validate_regime(regime)
     assert len({c[0] for c in cells}) >= 3 and len({c[1] for c in cells}) >= 3
     assert all(n_max == 8 * n0 for _, n0, n_max in cells)
-    assert len(regime.regime.seeds.split(",")) >= 3
+    assert len(regime.regime.seeds) >= 3
     sweep = load_config("theta_sweep")
     assert study.validate_regime(sweep) == [(32, 8, 64)]
     assert study.regime_thresholds(sweep)[0] == study.default_threshold(sweep, ["sera"])
     assert len(study.regime_thresholds(sweep)) >= 3 and study.regime_output(sweep) != "regime_map"
     bad = load_config("regime_map")
-    bad.regime.prompts_per_step = "8,64"
+    bad.regime.prompts_per_step = (8, 64)
     with pytest.raises(common.StudyError, match="regime cell P=64"):
         study.validate_regime(bad)
     for field, value, match in (("compare.baseline", "knapsack", "compare.baseline"),
@@ -480,22 +580,33 @@ def test_accelerator_smoke_script_runs_at_tiny_size():
                   module="experiments.maze_smoke")
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout[out.stdout.index("{"):])
-    assert result["budget"] == 8 and result["step_s"] > 0 and result["sample_tokens_per_s"] > 0
+    assert result["budget"] == 16 and result["step_s"] > 0 and result["sample_tokens_per_s"] > 0
 
 
-def _regime_config(pipeline, tmp_path, **regime) -> study.ml_collections.ConfigDict:
+@pytest.mark.parametrize("args, match", [
+    (["--config.rl.num_stepz=3"], "did you mean --config.rl.num_steps?"),  # override check
+    (["--steps=0"], "--steps=0; must be an integer >= 1"),
+    (["--method=serra"], "'serra' (did you mean 'sera'?)"),
+])
+def test_smoke_binary_refuses_bad_arguments_in_one_line(args, match):
+    out = _binary("--config=configs/maze/tiny.py", *args, module="experiments.maze_smoke")
+    assert out.returncode != 0 and match in out.stderr.splitlines()[-1], out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+
+
+def _regime_config(pipeline, tmp_path, **regime) -> ml_collections.ConfigDict:
     """The tiny config with a `regime` section, in `tmp_path` sharing the pipeline's SFT."""
     os.symlink(os.path.join(pipeline[1], "sft"), tmp_path / "sft")
     rcfg = load_config("tiny")
-    rcfg.regime = study.ml_collections.ConfigDict(dict(
-        n_max_factor=2, methods="uniform,sera", seeds="0", **regime))
+    rcfg.regime = ml_collections.ConfigDict(dict(
+        n_max_factor=2, methods=("uniform", "sera"), seeds=(0,), **regime))
     return rcfg
 
 
 @pytest.mark.slow
 def test_regime_map_at_tiny_size(pipeline, tmp_path):
-    rcfg = _regime_config(pipeline, tmp_path, prompts_per_step="1,2",
-                          rollouts_per_prompt="8,16", n_max_cap=32)
+    rcfg = _regime_config(pipeline, tmp_path, prompts_per_step=(1, 2),
+                          rollouts_per_prompt=(8, 16), n_max_cap=32)
     out = study.run(rcfg, str(tmp_path), "regime")
     assert len(out["cells"]) == 4
     assert os.path.getsize(tmp_path / "results" / "regime_map.png") > 0
@@ -504,17 +615,17 @@ def test_regime_map_at_tiny_size(pipeline, tmp_path):
 
 @pytest.mark.slow
 def test_regime_theta_axis_varies_theta_for_sera_only_and_shares_uniform(pipeline, tmp_path):
-    rcfg = _regime_config(pipeline, tmp_path, prompts_per_step="2", rollouts_per_prompt="4",
-                          n_max_cap=6, thresholds="0.05,0.6", output="theta_sweep")
-    bad = study.ml_collections.ConfigDict(rcfg.to_dict())
-    bad.regime.thresholds = "0.05,1.5"
+    rcfg = _regime_config(pipeline, tmp_path, prompts_per_step=(2,), rollouts_per_prompt=(8,),
+                          n_max_cap=14, thresholds=(0.05, 0.6), output="theta_sweep")
+    bad = ml_collections.ConfigDict(rcfg.to_dict())
+    bad.regime.thresholds = (0.05, 1.5)
     with pytest.raises(common.StudyError, match="regime.thresholds"):
         study.validate_regime(bad)
     out = study.run(rcfg, str(tmp_path), "regime")
     assert [c["theta"] for c in out["cells"].values()] == [0.05, 0.6]
     # θ = 0.05 is SERA's preset: the θ-free runs of the config's own shape (the workdir);
     # θ = 0.6: a SERA run of its own, uniform linked to the one θ-free run.
-    cell = tmp_path / "regime" / "P2_N4_nmax6_theta0.6"
+    cell = tmp_path / "regime" / "P2_N8_nmax14_theta0.6"
     shared = cell / "rl" / "uniform" / "seed0"
     assert os.path.islink(shared)
     assert os.path.realpath(shared) == os.path.realpath(tmp_path / "rl" / "uniform" / "seed0")
@@ -522,7 +633,7 @@ def test_regime_theta_axis_varies_theta_for_sera_only_and_shares_uniform(pipelin
     assert saved["rl"]["allocation"]["threshold"] == 0.6
     base = json.load(open(tmp_path / "rl" / "sera" / "seed0" / "config.json"))
     assert base["rl"]["allocation"]["threshold"] == 0.05
-    assert not (tmp_path / "regime" / "P2_N4_nmax6_theta0.6" / "rl" / "null").exists()
+    assert not (cell / "rl" / "null").exists() and not (cell / "rl" / study.AA).exists()
     md = open(tmp_path / "results" / "theta_sweep.md").read()
-    assert "| 2 | 4 | 6 | 0.6 | sera |" in md and "| 2 | 4 | 6 | 0.05 | sera |" in md
+    assert "| 2 | 8 | 14 | 0.6 | sera |" in md and "| 2 | 8 | 14 | 0.05 | sera |" in md
     assert os.path.getsize(tmp_path / "results" / "theta_sweep.png") > 0

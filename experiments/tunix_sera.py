@@ -1,0 +1,16 @@
+r"""SERA as a drop-in learner in google-tunix: a tiny random-weight model on the embedded
+arithmetic problems through tunix's JAX rollout, uniform (MaxRL) and SERA from one seed
+(`sera_jax.integrations.tunix.example`; needs `pip install 'sera_jax[tunix]'`).
+
+  python -m experiments.tunix_sera --workdir=/tmp/tunix_sera \
+      [--config.compare.methods="('sera',)"] [--config.rl.num_steps=4]
+
+Prints each step's prompt ids, p_hat, counts N_q, mean reward and generated rollouts per
+method (also written to summary.md); tunix checkpoints go to <workdir>/<method>/.
+"""
+
+from sera_jax.integrations.tunix import example
+from sera_jax.studies import common
+
+if __name__ == "__main__":
+    common.binary(example.run, "configs/tunix/cpu.py")

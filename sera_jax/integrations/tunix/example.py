@@ -1,0 +1,197 @@
+"""The CPU example: a tiny random-weight Llama-3 on the embedded arithmetic problems, trained
+by `SeraLearner` through tunix's own JAX ("vanilla") rollout engine.
+
+Nothing here is needed to use SERA in tunix: it builds what a real run gets elsewhere (a
+model, a tokenizer, a dataset with stable prompt ids, a reward). The tokenizer keeps digits
+and spaces and maps every other character to "?", so a random model writes numbers often
+enough to be right sometimes (rewards near 0, but not all 0: the allocation has something
+to react to). `run(config, workdir)` is what experiments/tunix_sera.py calls.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from flax import nnx
+from tunix.models.llama3 import model as llama3
+from tunix.rl import rl_cluster as rl_cluster_lib
+from tunix.rl.grpo import grpo_learner
+from tunix.rl.rollout import base_rollout
+
+from sera_jax import methods as methods_lib
+from sera_jax import optim
+from sera_jax.integrations.tunix.learner import SeraLearner, SeraOptions
+from sera_jax.tasks.mathqa import grader, problems
+from sera_jax.validation import check, is_int, is_positive_int
+
+
+class DigitTokenizer:
+    """Characters -> ids: 0 pad, 1 bos, 2 eos, then " 0123456789?"; any other character is
+    "?". The interface tunix's `TokenizerAdapter` accepts (encode/decode/*_id)."""
+
+    SYMBOLS = " 0123456789?"
+
+    def __init__(self):
+        self._ids = {ch: i + 3 for i, ch in enumerate(self.SYMBOLS)}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.SYMBOLS) + 3
+
+    def encode(self, text: str, **_: Any) -> list[int]:
+        return [self._ids.get(ch, self._ids["?"]) for ch in text]
+
+    def decode(self, ids: Sequence[int], **_: Any) -> str:
+        return "".join(self.SYMBOLS[int(i) - 3] for i in ids if int(i) >= 3)
+
+    def bos_id(self) -> int:
+        return 1
+
+    def eos_id(self) -> int:
+        return 2
+
+    def pad_id(self) -> int:
+        return 0
+
+
+def tiny_model(vocab_size: int, seed: int, *, layers: int = 2, dim: int = 32) -> Any:
+    """A random-weight tunix Llama-3 (2 layers, width 32 by default)."""
+    config = llama3.ModelConfig(num_layers=layers, vocab_size=vocab_size, embed_dim=dim,
+                                hidden_dim=2 * dim, num_heads=2, head_dim=dim // 2,
+                                num_kv_heads=1, rope_theta=10_000, norm_eps=1e-5)
+    return llama3.Llama3(config, rngs=nnx.Rngs(seed))
+
+
+def cpu_mesh() -> jax.sharding.Mesh:
+    """One device, the (fsdp, tp) axes tunix's models shard over."""
+    return jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
+
+
+def make_cluster(model: Any, tokenizer: Any, *, optimizer: optax.GradientTransformation,
+                 max_steps: int, max_new_tokens: int, max_prompt_length: int = 128,
+                 temperature: float = 1.0, checkpoint_dir: str | None = None
+                 ) -> rl_cluster_lib.RLCluster:
+    """A colocated tunix RL cluster (actor = rollout model, no reference) with the vanilla
+    rollout; checkpoints every step under `checkpoint_dir` when given."""
+    import orbax.checkpoint as ocp
+
+    mesh = cpu_mesh()
+    training = rl_cluster_lib.RLTrainingConfig(
+        actor_optimizer=optimizer, max_steps=max_steps, eval_every_n_steps=10**9,
+        checkpoint_root_directory=checkpoint_dir,
+        checkpointing_options=ocp.CheckpointManagerOptions(save_interval_steps=1,
+                                                           max_to_keep=2))
+    rollout = base_rollout.RolloutConfig(
+        max_tokens_to_generate=max_new_tokens, max_prompt_length=max_prompt_length,
+        kv_cache_size=max_prompt_length + max_new_tokens, temperature=temperature)
+    config = rl_cluster_lib.ClusterConfig(
+        role_to_mesh={role: mesh for role in (rl_cluster_lib.Role.ACTOR,
+                                              rl_cluster_lib.Role.REFERENCE,
+                                              rl_cluster_lib.Role.ROLLOUT)},
+        rollout_engine="vanilla", offload_to_cpu=False, training_config=training,
+        rollout_config=rollout)
+    return rl_cluster_lib.RLCluster(actor=model, tokenizer=tokenizer, cluster_config=config)
+
+
+def arithmetic_batches(num_prompts: int, prompts_per_step: int, num_steps: int, seed: int
+                       ) -> list[dict[str, np.ndarray]]:
+    """`num_steps` batches cycling through `num_prompts` generated problems (one-step add and
+    mul), each `{"prompts", "answer", "prompt_id"}`; the problem order is reshuffled every
+    epoch from `seed`. prompt_id is the problem's index: the history's stable key."""
+    data = problems.generate_arithmetic(num_prompts, 0, seed=seed, steps=(1,),
+                                        templates=("add", "mul"))["train"]
+    rng = np.random.default_rng(seed)
+    order = np.concatenate([rng.permutation(num_prompts)
+                            for _ in range(-(-num_steps * prompts_per_step // num_prompts))])
+    out = []
+    for step in range(num_steps):
+        ids = order[step * prompts_per_step:(step + 1) * prompts_per_step]
+        out.append({"prompts": np.array([data[i].question + " " for i in ids]),
+                    "answer": np.array([data[i].answer for i in ids]),
+                    "prompt_id": ids.astype(np.int32)})
+    return out
+
+
+def math_reward(prompts: Sequence[str], completions: Sequence[str], answer: Sequence[str],
+                **_: Any) -> list[float]:
+    """1.0 iff the completion's answer equals the gold one (`sera_jax.tasks.mathqa.grader`)."""
+    del prompts
+    return [grader.grade(c, str(a), timeout_s=1) for c, a in zip(completions, answer)]
+
+
+def validate_config(c: ml_collections.ConfigDict) -> None:
+    """ValueError naming the first bad field (before any model is built)."""
+    rl = c.rl
+    for field in ("num_steps", "prompts_per_step", "rollouts_per_prompt"):
+        check(is_positive_int(rl[field]), f"rl.{field}", rl[field], "an integer >= 1")
+    check(rl.rollouts_per_prompt >= 2, "rl.rollouts_per_prompt", rl.rollouts_per_prompt,
+          "an integer >= 2 (tunix's num_generations)")
+    check(is_int(c.task.num_prompts) and c.task.num_prompts >= rl.prompts_per_step,
+          "task.num_prompts", c.task.num_prompts, "an integer >= rl.prompts_per_step")
+    names = tuple(c.compare.methods) or (rl.method,)
+    for name in names:
+        check(name in methods_lib.METHODS, "compare.methods", name,
+              f"names of sera_jax.methods.METHODS {sorted(methods_lib.METHODS)}")
+
+
+def run_method(c: ml_collections.ConfigDict, name: str, workdir: str | None
+               ) -> SeraLearner:
+    """Train one method from the same seed; returns the learner (its `records`)."""
+    overrides = {"threshold": c.rl.allocation.threshold} if c.rl.allocation.threshold else {}
+    method = methods_lib.resolve(name, overrides)
+    tokenizer = DigitTokenizer()
+    cluster = make_cluster(
+        tiny_model(tokenizer.vocab_size, c.seed, layers=c.model.layers, dim=c.model.dim),
+        tokenizer, optimizer=optim.make_optimizer(c.rl.optimizer, num_steps=c.rl.num_steps),
+        max_steps=c.rl.num_steps, max_new_tokens=c.rl.max_new_tokens,
+        temperature=c.rl.temperature,
+        checkpoint_dir=os.path.join(workdir, name, "checkpoints") if workdir else None)
+    algo = grpo_learner.GRPOConfig(num_generations=c.rl.rollouts_per_prompt,
+                                   num_iterations=1, beta=0.0,
+                                   advantage_estimator=method.estimator)
+    a, h = c.rl.allocation, c.rl.history
+    sera = SeraOptions(num_prompts=c.task.num_prompts, method=method, n_min=a.n_min,
+                       n_max=a.n_max, unseen=a.unseen, alpha=h.alpha, beta=h.beta,
+                       gamma=h.gamma, max_rounds=c.rl.max_rounds)
+    learner = SeraLearner(cluster, algo, math_reward, sera)
+    learner.train(arithmetic_batches(c.task.num_prompts, c.rl.prompts_per_step,
+                                     c.rl.num_steps * c.rl.max_rounds, c.seed))
+    return learner
+
+
+def format_records(name: str, records: Sequence[dict[str, Any]]) -> str:
+    """One line per step: the batch's prompt ids, p̂, counts N_q (of the first round under
+    dynamic sampling), mean reward, rollouts generated, groups that reached the loss."""
+    lines = [f"## {name}", "step | prompt ids | p_hat | counts N_q | mean reward | generated "
+             "rollouts | kept groups"]
+    for r in records:
+        p_hat = " ".join("-" if np.isnan(p) else f"{p:.2f}" for p in r["p_hat"])
+        lines.append(f"{r['step']} | {r['prompt_ids']} | {p_hat} | {r['counts']} | "
+                     f"{r['reward_mean']:.3f} | {r['dapo/generated_rollouts']} | "
+                     f"{r.get('dapo/kept_groups', len(r['counts']))}")
+    return "\n".join(lines)
+
+
+def run(c: ml_collections.ConfigDict, workdir: str | None) -> dict[str, Any]:
+    """Every method of `compare.methods` (or `rl.method`) from the same seed; the summary
+    lists each step's allocation and rewards."""
+    validate_config(c)
+    logging.set_verbosity(logging.WARNING)  # tunix logs every prompt and completion at INFO
+    out = {}
+    for name in tuple(c.compare.methods) or (c.rl.method,):
+        learner = run_method(c, name, workdir)
+        out[name] = learner.records
+        print(format_records(name, learner.records), flush=True)
+    summary = "\n\n".join(format_records(n, r) for n, r in out.items())
+    if workdir:
+        os.makedirs(workdir, exist_ok=True)
+        with open(os.path.join(workdir, "summary.md"), "w") as f:
+            f.write(summary + "\n")
+    return {"records": out, "summary": summary}

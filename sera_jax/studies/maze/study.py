@@ -1,0 +1,83 @@
+"""Maze study entry point: `run(config, workdir, stage, methods, seeds)` (see the package
+docstring for the stages and the workdir layout)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import ml_collections
+from absl import logging
+
+from sera_jax import methods as methods_lib
+from sera_jax.records import log_timing
+from sera_jax.rl import trainer as trainer_lib
+from sera_jax.studies import common
+from sera_jax.studies.maze.curves import preregister
+from sera_jax.studies.maze.regime import regime_markdown, stage_regime, validate_regime
+from sera_jax.studies.maze.report import aggregate, comparison_markdown
+from sera_jax.studies.maze.setup import (
+    STAGES,
+    make_mesh,
+    rl_plan,
+    validate,
+)
+from sera_jax.studies.maze.stages import stage_rl, stage_sft
+
+
+def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
+        methods: Sequence[str | methods_lib.Method] | None = None,
+        seeds: Sequence[int | str] | None = None) -> dict[str, Any] | None:
+    """Run one stage (see the package docstring) after validating everything; returns the
+    aggregate for the eval stages.
+
+    `methods`: names of `sera_jax.methods.METHODS` or its `Method` presets (the binary's
+    `--methods`); `seeds`: integers (or the digit strings of `--seeds`). Each defaults to
+    `config.compare.methods` / `config.compare.seeds`; errors name `--methods` / `--seeds`.
+    Given `seeds`, the RL stage runs the control arms (null, A/A) only at those of their
+    seeds that are in `seeds`, so processes with disjoint `--seeds` never share a run.
+    """
+    if stage not in STAGES:
+        raise common.StudyError(f"stage={stage!r}; choose from {STAGES}")
+    methods = (common.method_names(methods, "--methods") if methods is not None
+               else common.method_names(cfg.compare.methods, "compare.methods"))
+    explicit = seeds is not None  # --seeds restricts the control arms' seeds too
+    what = "--seeds" if seeds is not None else "compare.seeds"
+    seeds = common.nonempty(common.int_list(cfg.compare.seeds if seeds is None else seeds, what),
+                            what)
+    validate(cfg, methods, seeds)
+    if stage == "regime":
+        validate_regime(cfg)
+    workdir = common.prepare_workdir(workdir)
+    if stage in ("rl", "eval", "compare") and not os.path.exists(
+            os.path.join(workdir, "sft", "eval.json")):
+        raise common.StudyError(f"--stage={stage} needs the SFT stage's output in "
+                                f"{os.path.join(workdir, 'sft')}: run --stage=sft first")
+    trainer_lib.initialize_distributed(cfg.rl)
+    logging.info("JAX process %d of %d, %d devices", jax.process_index(), jax.process_count(),
+                 jax.device_count())
+    t0 = time.perf_counter()
+    mesh = make_mesh(cfg)
+    table = None
+    if stage in ("sft", "all", "regime"):
+        stage_sft(cfg, workdir, mesh)
+    if stage in ("rl", "all", "compare"):
+        if cfg.compare.get("primary") is not None:
+            preregister(cfg, workdir)  # the primary endpoint, fixed before any RL run
+        plan = rl_plan(cfg, methods, seeds, explicit)
+        # Seed-major: a killed comparison leaves complete pairs behind.
+        for seed in sorted({s for _, ss in plan for s in ss}):
+            for arm, arm_seeds in plan:
+                if seed in arm_seeds:
+                    stage_rl(cfg, workdir, arm, seed, mesh)
+    if stage in ("eval", "all", "compare"):
+        table = aggregate(cfg, workdir, methods, seeds, mesh=mesh)
+        logging.info("\n%s", comparison_markdown(table))
+    if stage == "regime":
+        table = stage_regime(cfg, workdir, mesh)
+        logging.info("\n%s", regime_markdown(table))
+    log_timing(workdir, f"stage_{stage}", time.perf_counter() - t0)
+    return table
