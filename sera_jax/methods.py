@@ -14,6 +14,7 @@ its methods from `METHODS`, so "sera" means the same thing in every table:
 | `grpo` | uniform | 1 | GRPO |
 | `sera_posterior`, `sera_sequential` | [ours] `sera_jax.allocation.beyond` | N0/N_q | MaxRL |
 | `dapo`, `sera_dapo` | uniform / sera, then DAPO dynamic sampling | N0/N_q | MaxRL |
+| `sera_evidence` | [ours] sera, minus prompts at the evidence cap (`evidence`) | N0/N_q | MaxRL |
 
 `resolve(name, overrides)` applies a user's overrides on top of a preset: each one either
 takes effect or raises ValueError (an option the chosen allocator does not use, an unknown

@@ -1,9 +1,10 @@
 """A seconds-long end-to-end maze run for tests: 5x5 mazes, a 1-layer width-32 policy,
 3 SFT steps and 3 RL steps of 2 prompts x N0 8 per method (16 rollouts: two micro-batches
-of one row per forced CPU device). The whole default pipeline of `cpu.py` at that size: uniform, SERA, SERA + evidence
-cap, the null and the A/A controls (2 seeds each), the SFT start scored at every evaluation
-point with that point's keys, the noise floor, the curve statistics (Δ(t) bands, the
-primary endpoint, the gate, the A/A false-positive rate) and the speed options."""
+of one row per forced CPU device). The whole default pipeline of `cpu.py` at that size:
+uniform, SERA, SERA + evidence cap, the null and the A/A controls (2 seeds each), the SFT
+start scored at every evaluation point with that point's keys, the noise floor, the curve
+statistics (Δ(t) bands, the primary endpoint, the gate, the A/A false-positive rate) and
+the speed options."""
 
 import ml_collections
 

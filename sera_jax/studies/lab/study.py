@@ -370,7 +370,8 @@ def run_sweep(config: ml_collections.ConfigDict, runners: dict
     For every lr of `sweep.learning_rates`: `sweep.methods` with the controls; the gate
     (uniform − null pass@1 > 0); each method's frontier point (final held-out pass@1,
     pass@K, K = `sweep.frontier_k`, with CIs). The selected lr is the admissible one where
-    uniform's pass@K is best (the baseline tuned on the compared metric). A SERA point lies
+    uniform's pass@K is best (the baseline tuned on the compared metric); its cell is
+    reported in full (`report_cell`). A SERA point lies
     above uniform's frontier when its pass@K exceeds uniform's frontier (linear between
     uniform's points sorted by pass@1, flat beyond them) at its pass@1. Then, at the
     selected lr, SERA − uniform for every θ of `sweep.thetas` (the active fraction too).
@@ -386,12 +387,12 @@ def run_sweep(config: ml_collections.ConfigDict, runners: dict
              "| lr | gate: uniform − null pass@1 | " + " | ".join(
                  f"{n} pass@1 | {n} pass@{sw.frontier_k}" for n in names) + " |",
              "|---|---|" + "---|---|" * len(names)]
-    opt = dict(base.optimizer)
+    opt, by_lr = dict(base.optimizer), {}
     for lr in sw.learning_rates:
         setup = base.with_(optimizer=tuple(sorted({**opt, "learning_rate": float(lr)}.items())))
         res = run_cell(names, setup, config.seed, seeds, {law: law}, runners, True,
                        config.rl.allocation.threshold)[law]
-        g = gate(res, ks, ci)
+        g, by_lr[float(lr)] = gate(res, ks, ci), res
         row = {"lr": float(lr), "admissible": g["admissible"], "gate": g["delta"]}
         cells = []
         for n in names:
@@ -414,7 +415,9 @@ def run_sweep(config: ml_collections.ConfigDict, runners: dict
         above = [float(r[n][1].mean) > float(np.interp(r[n][0].mean, *zip(*front)))
                  for r in rows]
         lines.append(f"{n}: {sum(above)} of {len(rows)} points above uniform's frontier.")
-    lines += ["", f"## θ sensitivity at lr {best['lr']} (held-out, points, vs uniform)", "",
+    lines += [""] + report_cell(by_lr[best["lr"]], ks, list(config.report.table_ks), "uniform",
+                                names, ci, True, best["lr"], f"Selected lr {best['lr']}: ")[0]
+    lines += [f"## θ sensitivity at lr {best['lr']} (held-out, points, vs uniform)", "",
               "| θ | active fraction | " + " | ".join(
                   f"Δ pass@{k}" for k in config.report.table_ks) + " |",
               "|---|---|" + "---|" * len(config.report.table_ks)]

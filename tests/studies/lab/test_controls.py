@@ -223,7 +223,11 @@ def test_expected_batch_gradient_is_the_spec_prediction(one_seed, name):
     for mult in (True, False):
         w = (weights if method.multiplicity == mult
              else (SETUP.n0 / np.maximum(counts, 1) if mult else (counts > 0) * 1.0))
-        pred[mult] = ((w * counts / SETUP.n0 * kap)[:, None] * jac).sum(0) / SETUP.prompts_per_step
+        pred[mult] = (((w * counts / SETUP.n0 * kap)[:, None] * jac).sum(0)
+                      / SETUP.prompts_per_step)
     mean, se = g.mean(0), g.std(0, ddof=1) / np.sqrt(g.shape[0])
-    np.testing.assert_array_less(np.abs(mean - pred[method.multiplicity]), 5 * se)
-    assert (np.abs(mean - pred[not method.multiplicity]) > 5 * se).any()
+    # The skill-code coordinates have ∇ = 0 exactly (the code is the same for every answer of
+    # a prompt); float32 rounding leaves ~1e-8 there, so a tiny absolute floor.
+    tol = 5 * se + 1e-4 * np.abs(pred[method.multiplicity]).max()
+    np.testing.assert_array_less(np.abs(mean - pred[method.multiplicity]), tol)
+    assert (np.abs(mean - pred[not method.multiplicity]) > tol).any()
