@@ -1,6 +1,6 @@
 """Gradient-alignment study on scikit-learn's bundled 8x8 digits: the CPU default.
 
-Real data, no download, a small NNX ResNet (~78k parameters). Measure mode trains the
+Real data, no download, a small NNX ResNet (~19.8k parameters). Measure mode trains the
 ResNet with cross-entropy and measures at three snapshots (initial / partly trained / well
 trained), budgets N0 = 2..128 and ten methods, with paired draws for error bars.
 Whole run: a few minutes on 2 CPU cores (see docs/results_alignment.md for the measured time).

@@ -177,8 +177,10 @@ def eval_key(seed: int, step: int, split: str) -> jax.Array:
 
 
 def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[int]
-             ) -> None:
-    """Every field the stages read, checked before any data or model is built."""
+             ) -> dict[str, methods_lib.Method]:
+    """Every field the stages read, checked before any data or model is built; returns each
+    arm's `Method` (the method name with the `rl.allocation.*` overrides), resolved once here
+    and passed down to its runs (`stage_rl(..., resolved=...)`)."""
     c = common.check
     t = cfg.task
     c(isinstance(t.size, int) and t.size >= 3 and t.size % 2 == 1, "task.size", t.size,
@@ -205,9 +207,10 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequ
         c(control not in methods, "methods", control, "a control arm is config.compare.null / "
           "config.compare.aa, not a method name")
     validate_compare(cfg)
+    resolved_arms = {}
     for method in [a for a, _ in arms(cfg, methods, seeds)]:
         try:
-            resolved = rl_config.validate(run_config(cfg, method, 0))
+            resolved = resolved_arms[method] = rl_config.validate(run_config(cfg, method, 0))
         except ValueError as e:
             raise common.StudyError(f"method {method!r}: {e}") from None
         for opt, field in (("prior_alpha", "alpha"), ("prior_beta", "beta")):
@@ -239,6 +242,7 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequ
       e.noise_seed, f"an integer other than eval.seed={e.seed} (the second key set)")
     if cfg.compare.get("primary") is not None:
         validate_primary(cfg)
+    return resolved_arms
 
 
 def validate_compare(cfg: ml_collections.ConfigDict) -> None:

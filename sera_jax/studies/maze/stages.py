@@ -12,6 +12,7 @@ import numpy as np
 from absl import logging
 
 from sera_jax import loop
+from sera_jax import methods as methods_lib
 from sera_jax import sft as sft_lib
 from sera_jax.records import append_jsonl, log_timing, read_json, read_jsonl, write_jsonl
 from sera_jax.rl import trainer as trainer_lib
@@ -92,11 +93,14 @@ def alloc_record(step: int, rollouts: Any) -> dict[str, Any]:
 
 
 def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: int, mesh=None,
-             stop_after: int | None = None, sft_dir: str | None = None) -> loop.Result:
+             stop_after: int | None = None, sft_dir: str | None = None,
+             resolved: methods_lib.Method | None = None) -> loop.Result:
     """One RL run from the SFT checkpoint on the one loop; resumes from its own checkpoint.
 
-    `method` is a method name or `NULL`; `sft_dir` defaults to `<workdir>/sft`; `stop_after`
-    (tests) stops after that many steps of this call, as a kill would.
+    `method` is a method name or `NULL` (an arm); `resolved` its `Method` as `validate`
+    resolved it (None: resolved here, for callers that did not validate); `sft_dir` defaults
+    to `<workdir>/sft`; `stop_after` (tests) stops after that many steps of this call, as a
+    kill would.
     """
     task = build_task(cfg)
     mesh = mesh if mesh is not None else make_mesh(cfg)
@@ -113,7 +117,7 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
     if sft_eval.get("fingerprint", {}).get("sft_step") != sft_step:
         raise common.StudyError(f"{sft_eval_path} does not evaluate the SFT checkpoint "
                                 f"(step {sft_step}); run --stage=sft again")
-    trainer = trainer_lib.Trainer(rl, task, model, mesh)  # resolves the run's method once
+    trainer = trainer_lib.Trainer(rl, task, model, mesh, method=resolved)
     program = RecordingProgram(trainer, model)
     counter = common.RolloutCounter(out, trainer.budget)
     alloc_path = os.path.join(out, ALLOC_RECORDS)

@@ -48,7 +48,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     what = "--seeds" if seeds is not None else "compare.seeds"
     seeds = common.nonempty(common.int_list(cfg.compare.seeds if seeds is None else seeds, what),
                             what)
-    validate(cfg, methods, seeds)
+    resolved = validate(cfg, methods, seeds)  # each arm's Method, resolved once
     if stage == "regime":
         validate_regime(cfg)
     workdir = common.prepare_workdir(workdir)
@@ -72,7 +72,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
         for seed in sorted({s for _, ss in plan for s in ss}):
             for arm, arm_seeds in plan:
                 if seed in arm_seeds:
-                    stage_rl(cfg, workdir, arm, seed, mesh)
+                    stage_rl(cfg, workdir, arm, seed, mesh, resolved=resolved[arm])
     if stage in ("eval", "all", "compare"):
         table = aggregate(cfg, workdir, methods, seeds, mesh=mesh)
         logging.info("\n%s", comparison_markdown(table))

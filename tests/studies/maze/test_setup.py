@@ -152,3 +152,18 @@ def test_binaries_follow_the_one_pattern():
         source = open(os.path.join(util.ROOT, "experiments", f"{name}.py")).read()
         assert len(source.splitlines()) <= 30 and "common.binary(" in source, name
         assert "from sera_jax.studies.maze import" in source and "importlib" not in source
+
+
+def test_validate_resolves_every_arm_once_into_the_method_its_runs_train_with(monkeypatch):
+    """`validate` is the one place a name becomes a `Method`: it returns every arm's, and
+    the stages pass it down (`stage_rl(..., resolved=...)` -> `Trainer(method=...)`)."""
+    cfg = config_files.get_config(os.path.join(util.ROOT, "configs", "maze", "tiny.py"))
+    calls = []
+    real = methods_lib.resolve
+    monkeypatch.setattr(methods_lib, "resolve", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    methods, seeds = list(cfg.compare.methods), list(cfg.compare.seeds)
+    resolved = study.validate(cfg, methods, seeds)
+    assert set(resolved) == {arm for arm, _ in study.arms(cfg, methods, seeds)}
+    assert all(isinstance(m, methods_lib.Method) for m in resolved.values())
+    assert resolved["sera"] == methods_lib.get_method("sera")
+    assert len(calls) == len(resolved)  # once per arm, not per run or per seed
