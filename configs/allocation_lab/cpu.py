@@ -113,9 +113,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.report.challengers = NEW_RULES
     c.report.challenge_reference = "sera"
 
-    # The maze CPU default's shape (configs/maze/cpu.py: P 32 = every training maze every
-    # step, N0 8, n_max 64, 16 steps) on the maze-like law. Off by default: that study has no
-    # long-horizon config yet, so there is no registered prediction to make.
+    # A maze-study shape on the maze-like law; here the 16-step one (configs/maze/cpu_16step.py:
+    # P 32 = every training maze every step, N0 8, n_max 64, 16 steps). Off by default. The
+    # forecast for the long-horizon default (configs/maze/cpu.py) used P 32, N0 8, n_max 64,
+    # 400 steps with task.num_train = 256 (docs/results_lab.md, "Registered prediction").
     c.maze_cell = ml_collections.ConfigDict()
     c.maze_cell.enabled = False
     c.maze_cell.prompts_per_step = 32

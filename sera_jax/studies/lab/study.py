@@ -631,7 +631,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         mc = config.maze_cell
         ms = _maze_cell_setup(config)
         maze_cell = run_cell(list(mc.methods), ms, config.seed, seeds,
-                             {mc.difficulty: mc.difficulty}, runners)
+                             {mc.difficulty: mc.difficulty}, runners, controls, theta)
         maze_cell = maze_cell[mc.difficulty]
         lines += [f"## Maze default cell (P = {ms.prompts_per_step}, N0 = {ms.n0}, n_max = "
                   f"{ms.n_max}, {ms.num_steps} steps, `{mc.difficulty}`)", ""]
@@ -642,7 +642,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                    maze_cell.items()}
             lines += [f"Step {step}:", "",
                       table_paired(sub, ks, list(mc.table_ks), 1, ref, list(mc.methods), ci),
-                      ""]
+                      ""] + ([table_paired(sub, ks, list(mc.table_ks), 1, NULL,
+                                           list(mc.methods), ci), ""] if controls else [])
 
     rows: list[dict[str, Any]] = []
     if config.regime.enabled:
