@@ -276,6 +276,7 @@ def test_decode_phase_ends():
     assert len(sampling.decode_phase_ends(180)) == 3
 
 
+@pytest.mark.slow  # a minute of compiles: every cache phase x prefill chunk
 def test_growing_cache_phases_and_prefill_chunks_do_not_change_samples(model, monkeypatch):
     """Decoding in phases over growing caches and prefilling one prompt per chunk give the
     same tokens and log-probs as one full-size cache and a one-chunk prefill, with a fresh
@@ -447,6 +448,7 @@ def test_generate_rows_on_several_batch_shards_prefills_rows_where_they_live(mod
     np.testing.assert_array_equal(two.tokens, one.tokens)
 
 
+@pytest.mark.slow  # compiles the scanned and the unrolled sampler
 def test_scanned_layers_sample_the_same_tokens(model, monkeypatch):
     """A scan_layers copy of the model (stacked [B, L, ...] KV cache) samples the same tokens
     with the same keys, through chunked prefill, segment ids, growing decode phases and a

@@ -42,6 +42,7 @@ def test_configs_share_every_field():
         assert set(c.sft.optimizer) == set(c.rl.optimizer) == set(optim.DEFAULTS)
 
 
+@pytest.mark.slow  # the binary end to end (the study itself is tested above)
 def test_digits_measure_binary_writes_outputs(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "experiments", "gradient_alignment.py"),
            f"--config={os.path.join(ROOT, 'configs/gradient_alignment/digits.py')}",
