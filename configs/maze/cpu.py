@@ -69,7 +69,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.scan_layers = False
 
     c.sft = sft.get_config()
-    c.sft.num_steps = 120  # a weaker start than the 16-step default's 300: coverage headroom
+    c.sft.num_steps = 200  # a weaker start than the 16-step default's 300: coverage headroom
     c.sft.batch_size = 32
     c.sft.learning_rate = 2e-3
     c.sft.warmup_steps = 20
