@@ -107,6 +107,15 @@ def get_config() -> ml_collections.ConfigDict:
     # averaged over the last `window` evaluation points.
     c.compare.primary = ml_collections.ConfigDict(dict(method="sera", split="eval", k=64,
                                                        window=3))
+    # lr frontiers and the lr pilot (`--stage=frontier`, sera_jax.studies.maze.frontier; not
+    # part of the default command): each method's (pass@1, pass@k) over the lr grid, each
+    # lr's gate; the config's own lr reuses the default comparison's runs.
+    c.frontier = ml_collections.ConfigDict()
+    c.frontier.learning_rates = (3e-6, 1e-5, 3e-5)
+    c.frontier.methods = ("uniform", "sera")
+    c.frontier.seeds = (0, 1, 2)
+    c.frontier.null = True
+    c.frontier.null_seeds = (0, 1)
     c.compare.gate_floor_multiple = 2.0  # gate: baseline − null > 2 x the noise floor
     c.compare.bootstrap = 2000  # resamples of the final-point paired bootstrap
     c.compare.level = 0.95

@@ -231,3 +231,41 @@ def _plot_thresholds(cells: list[dict], arm: str, base: str, results_dir: str, s
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_frontier(out: dict[str, Any], path: str) -> str:
+    """`frontier.png`: per arm, held-out pass@k against pass@1 over the lr grid (one point per
+    lr, 95 % t intervals over seeds on both axes, labelled by lr)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = f"pass@{out['k']}"
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    arms = list(dict.fromkeys(a for e in out["lrs"].values() for a in e["points"]))
+    for arm in arms:
+        rows = sorted((e["lr"], e["points"][arm]) for e in out["lrs"].values()
+                      if arm in e["points"])
+        x = np.array([100 * p["pass@1"]["mean"] for _, p in rows])
+        y = np.array([100 * p[key]["mean"] for _, p in rows])
+
+        def err(f: str, rows: list = rows) -> np.ndarray | None:
+            if any(p[f]["lo"] is None for _, p in rows):
+                return None
+            return np.array([[100 * (p[f]["mean"] - p[f]["lo"]) for _, p in rows],
+                             [100 * (p[f]["hi"] - p[f]["mean"]) for _, p in rows]])
+
+        ax.errorbar(x, y, xerr=err("pass@1"), yerr=err(key), fmt="o-" if arm != NULL else "x:",
+                    ms=4, capsize=2, label=arm)
+        for (lr, _), xi, yi in zip(rows, x, y, strict=True):
+            ax.annotate(f"{lr:g}", (xi, yi), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points")
+    ax.set_xlabel("held-out pass@1 (%)")
+    ax.set_ylabel(f"held-out {key} (%)")
+    ax.set_title(f"lr frontier (last {out['window']} points; 95 % t over seeds)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -30,7 +30,7 @@ from sera_jax.sampling import SamplingConfig
 from sera_jax.studies import common
 from sera_jax.tasks import maze as maze_lib
 
-STAGES = ("sft", "rl", "eval", "all", "compare", "regime")
+STAGES = ("sft", "rl", "eval", "all", "compare", "regime", "frontier")
 #: The null-control arm: uniform with rewards permuted within each batch.
 NULL = "null"
 #: The A/A control arm: the baseline method again, RL seed `seed + compare.aa_seed_offset`,

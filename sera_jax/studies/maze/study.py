@@ -17,6 +17,7 @@ from sera_jax.records import log_timing
 from sera_jax.rl import trainer as trainer_lib
 from sera_jax.studies import common
 from sera_jax.studies.maze.curves import preregister
+from sera_jax.studies.maze.frontier import frontier_markdown, stage_frontier, validate_frontier
 from sera_jax.studies.maze.regime import regime_markdown, stage_regime, validate_regime
 from sera_jax.studies.maze.report import aggregate, comparison_markdown
 from sera_jax.studies.maze.setup import (
@@ -51,8 +52,10 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     resolved = validate(cfg, methods, seeds)  # each arm's Method, resolved once
     if stage == "regime":
         validate_regime(cfg)
+    if stage == "frontier":
+        validate_frontier(cfg)
     workdir = common.prepare_workdir(workdir)
-    if stage in ("rl", "eval", "compare") and not os.path.exists(
+    if stage in ("rl", "eval", "compare", "frontier") and not os.path.exists(
             os.path.join(workdir, "sft", "eval.json")):
         raise common.StudyError(f"--stage={stage} needs the SFT stage's output in "
                                 f"{os.path.join(workdir, 'sft')}: run --stage=sft first")
@@ -79,5 +82,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     if stage == "regime":
         table = stage_regime(cfg, workdir, mesh)
         logging.info("\n%s", regime_markdown(table))
+    if stage == "frontier":  # --seeds: this process's share of every lr's runs
+        table = stage_frontier(cfg, workdir, mesh, seeds if explicit else None)
+        logging.info("\n%s", frontier_markdown(table))
     log_timing(workdir, f"stage_{stage}", time.perf_counter() - t0)
     return table

@@ -637,3 +637,34 @@ def test_regime_theta_axis_varies_theta_for_sera_only_and_shares_uniform(pipelin
     md = open(tmp_path / "results" / "theta_sweep.md").read()
     assert "| 2 | 8 | 14 | 0.6 | sera |" in md and "| 2 | 8 | 14 | 0.05 | sera |" in md
     assert os.path.getsize(tmp_path / "results" / "theta_sweep.png") > 0
+
+
+@pytest.mark.slow
+def test_frontier_at_tiny_size_reuses_the_default_runs_and_selects_by_the_rule(pipeline,
+                                                                            tmp_path):
+    cfg, work, _, _, _ = pipeline
+    for sub in ("sft", "rl"):  # the config's own lr: the pipeline's finished runs
+        os.symlink(os.path.join(work, sub), tmp_path / sub)
+    fcfg = load_config("tiny")
+    lr = fcfg.rl.optimizer.learning_rate
+    fcfg.frontier.learning_rates = (lr, 3 * lr)
+    fcfg.frontier.seeds = (0, 1)
+    fcfg.frontier.null_seeds = (0, 1)
+    out = study.run(fcfg, str(tmp_path), "frontier")
+    assert [e["lr"] for e in out["lrs"].values()] == [lr, 3 * lr]
+    assert out["lrs"][f"{lr:g}"]["dir"] == "."
+    other = tmp_path / "frontier" / f"lr{3 * lr:g}"
+    for arm in ("uniform", "sera", study.NULL):
+        saved = json.load(open(other / "rl" / arm / "seed1" / "config.json"))
+        assert saved["rl"]["optimizer"]["learning_rate"] == 3 * lr
+        assert set(out["lrs"][f"{3 * lr:g}"]["points"][arm]) == {"pass@1", "pass@8"}
+    assert not (other / "rl" / study.AA).exists()
+    passing = {e["lr"]: e["points"]["uniform"]["pass@8"]["mean"]
+               for e in out["lrs"].values() if e["gate"]["passes"]}
+    assert out["selected_lr"] == (max(passing, key=passing.get) if passing else None)
+    for name in ("frontier.json", "frontier.md", "frontier.png"):
+        assert os.path.getsize(tmp_path / "results" / name) > 0
+    bad = ml_collections.ConfigDict(fcfg.to_dict())
+    bad.frontier.methods = ("sera",)
+    with pytest.raises(common.StudyError, match="frontier.methods"):
+        study.run(bad, str(tmp_path), "frontier")

@@ -1,0 +1,228 @@
+"""Maze study learning-rate frontiers and the lr pilot (`--stage=frontier`, `config.frontier`).
+
+For every lr of `frontier.learning_rates`: the comparison of `frontier.methods` with
+`frontier.seeds` and the null control (`frontier.null_seeds`) from the shared SFT stage, in
+`frontier/lr<lr>/` (the config's own lr reuses the workdir's runs). Each method's point is
+(held-out pass@1, held-out pass@k) with k and the window of `compare.primary`: per seed the
+mean over the last `window` evaluation points, then the Student t interval over seeds. Each
+lr's gate is `curves.null_gate` (baseline − null at held-out pass@1, CI above 0 and mean above
+`compare.gate_floor_multiple` × the noise floor).
+
+The lr rule (issue 26): **the selected lr is the one where the baseline does best on the
+primary endpoint's metric among the lrs whose gate passes** — the baseline tuned on the
+compared metric, never the lr that makes a comparison look best. With
+`frontier.methods = ("uniform",)` this stage is the lr pilot; with uniform and SERA it draws
+both frontiers, and SERA's frontier lies above uniform's where, at SERA's pass@1, SERA's
+pass@k exceeds uniform's frontier (linear interpolation between uniform's points; outside
+their pass@1 range: not comparable).
+
+Outputs: `results/frontier.{json,md,png}`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from sera_jax.records import log_timing, write_json
+from sera_jax.studies import common
+from sera_jax.studies import compare as cmp
+from sera_jax.studies.maze.report import aggregate
+from sera_jax.studies.maze.setup import NULL, arms, validate
+from sera_jax.studies.maze.stages import stage_rl
+
+
+def frontier_learning_rates(cfg: ml_collections.ConfigDict) -> list[float]:
+    """`frontier.learning_rates`: a non-empty tuple of positive floats."""
+    lrs = common.nonempty(common.float_list(cfg.frontier.learning_rates,
+                                            "frontier.learning_rates"),
+                          "frontier.learning_rates")
+    common.check(all(lr > 0 for lr in lrs), "frontier.learning_rates",
+                 cfg.frontier.learning_rates, "positive numbers")
+    return lrs
+
+
+def frontier_methods(cfg: ml_collections.ConfigDict) -> list[str]:
+    """`frontier.methods`, which must include `compare.baseline`."""
+    methods = common.method_names(cfg.frontier.methods, "frontier.methods")
+    common.check(cfg.compare.baseline in methods, "frontier.methods", cfg.frontier.methods,
+                 f"a tuple containing compare.baseline={cfg.compare.baseline!r}")
+    return methods
+
+
+def frontier_seeds(cfg: ml_collections.ConfigDict) -> list[int]:
+    return common.nonempty(common.int_list(cfg.frontier.seeds, "frontier.seeds"),
+                           "frontier.seeds")
+
+
+def lr_config(cfg: ml_collections.ConfigDict, lr: float) -> ml_collections.ConfigDict:
+    """`cfg` at learning rate `lr` with the frontier's null control and no A/A arm."""
+    out = ml_collections.ConfigDict(cfg.to_dict())
+    out.rl.optimizer.learning_rate = float(lr)
+    out.compare.null = bool(cfg.frontier.null)
+    out.compare.null_seeds = tuple(cfg.frontier.null_seeds)
+    out.compare.aa = False
+    return out
+
+
+def lr_dir(cfg: ml_collections.ConfigDict, workdir: str, lr: float) -> str:
+    """Where the runs at `lr` live: the workdir itself at the config's own lr (the default
+    comparison's runs are points of the frontier), else `frontier/lr<lr>`."""
+    if float(lr) == float(cfg.rl.optimizer.learning_rate):
+        return workdir
+    return os.path.join(workdir, "frontier", f"lr{lr:g}")
+
+
+def validate_frontier(cfg: ml_collections.ConfigDict) -> None:
+    """The frontier fields, and every lr's config as a comparison."""
+    common.check("frontier" in cfg, "frontier", None,
+                 "a frontier section (configs/maze/frontier.py)")
+    common.check(isinstance(cfg.frontier.null, bool), "frontier.null", cfg.frontier.null,
+                 "True or False (the null control gives each lr's gate)")
+    common.int_list(cfg.frontier.null_seeds, "frontier.null_seeds")
+    common.check(cfg.compare.get("primary") is not None, "compare.primary", None,
+                 "set: the frontier's metric and window are the primary endpoint's")
+    methods, seeds = frontier_methods(cfg), frontier_seeds(cfg)
+    for lr in frontier_learning_rates(cfg):
+        try:
+            validate(lr_config(cfg, lr), methods, seeds)
+        except common.StudyError as e:
+            raise common.StudyError(f"frontier lr={lr:g}: {e}") from None
+
+
+def _window_values(table: dict[str, Any], arm: str, k: int, window: int) -> list[float]:
+    """Per seed: held-out pass@k averaged over the last `window` evaluation points."""
+    runs = table["curves"]["per_seed"].get(arm, {})
+    return [float(np.mean(r["eval"]["pass_at_k"][str(k)][-window:])) for r in runs.values()]
+
+
+def point(table: dict[str, Any], arm: str, k: int, window: int, level: float
+          ) -> dict[str, Any] | None:
+    """One arm's frontier point: {pass@1, pass@k} as `compare.seed_interval`s."""
+    x1, xk = _window_values(table, arm, 1, window), _window_values(table, arm, k, window)
+    if not x1:
+        return None
+    return {"pass@1": cmp.seed_interval(x1, level), f"pass@{k}": cmp.seed_interval(xk, level)}
+
+
+def above_frontier(points: Sequence[tuple[float, float]],
+                   reference: Sequence[tuple[float, float]]) -> list[float | None]:
+    """For each (x, y) of `points`: y minus the `reference` frontier's y at x (linear
+    interpolation between the reference points sorted by x); None where x lies outside the
+    reference's x range (no comparison without extrapolation)."""
+    ref = sorted(reference)
+    xs, ys = [r[0] for r in ref], [r[1] for r in ref]
+    return [None if not xs or x < xs[0] or x > xs[-1] else float(y - np.interp(x, xs, ys))
+            for x, y in points]
+
+
+def stage_frontier(cfg: ml_collections.ConfigDict, workdir: str, mesh=None,
+                   seeds: Sequence[int] | None = None) -> dict[str, Any]:
+    """Run (or resume) every lr's comparison, restricted to `seeds` when given (one process
+    per core, like `--stage=rl`), aggregate what has finished and write
+    `results/frontier.{json,md,png}` after every lr (partial results survive a kill)."""
+    methods = frontier_methods(cfg)
+    all_seeds = frontier_seeds(cfg)
+    only = None if seeds is None else {int(s) for s in seeds}
+    spec = cfg.compare.primary
+    k, window, level = int(spec.k), int(spec.window), float(cfg.compare.level)
+    base = cfg.compare.baseline
+    sft_dir = os.path.join(workdir, "sft")
+    out: dict[str, Any] = {
+        "methods": methods, "seeds": all_seeds, "k": k, "window": window,
+        "metric": f"held-out pass@1 and pass@{k}, per seed averaged over the last {window} "
+                  f"evaluation points; {100 * level:.0f} % Student t interval over seeds",
+        "rule": f"selected lr: {base}'s best mean pass@{k} among the lrs whose gate passes",
+        "lrs": {}}
+    for lr in frontier_learning_rates(cfg):
+        ccfg = lr_config(cfg, lr)
+        cdir = lr_dir(cfg, workdir, lr)
+        t0 = time.perf_counter()
+        plan = arms(ccfg, methods, all_seeds)
+        for seed in sorted({s for _, ss in plan for s in ss}):
+            if only is not None and seed not in only:
+                continue
+            for arm, arm_seeds in plan:
+                if seed in arm_seeds:
+                    stage_rl(ccfg, cdir, arm, seed, mesh, sft_dir=sft_dir)
+        results_dir = os.path.join(workdir, "frontier", f"lr{lr:g}", "results")
+        table = aggregate(ccfg, cdir, methods, all_seeds, sft_dir=sft_dir, mesh=mesh,
+                          plots=False, results_dir=results_dir)
+        log_timing(workdir, f"frontier/lr{lr:g}", time.perf_counter() - t0)
+        pts = {arm: p for arm in methods + ([NULL] if ccfg.compare.null else [])
+               if (p := point(table, arm, k, window, level)) is not None}
+        out["lrs"][f"{lr:g}"] = {"lr": lr, "dir": os.path.relpath(cdir, workdir),
+                                 "points": pts, "gate": table["gate"]}
+        out.update(summarise(out, base, k))
+        write_frontier(out, os.path.join(workdir, "results"))
+    return out
+
+
+def summarise(out: dict[str, Any], base: str, k: int) -> dict[str, Any]:
+    """The selected lr (module docstring) and, per other method, its points' distance above
+    the baseline's frontier."""
+    key = f"pass@{k}"
+    admissible = {name: e["points"][base][key]["mean"] for name, e in out["lrs"].items()
+                  if e["gate"]["passes"] and base in e["points"]}
+    selected = max(admissible, key=admissible.get) if admissible else None
+    ref = [(e["points"][base]["pass@1"]["mean"], e["points"][base][key]["mean"])
+           for e in out["lrs"].values() if base in e["points"]]
+    above = {}
+    for m in out["methods"]:
+        if m == base:
+            continue
+        names = [n for n, e in out["lrs"].items() if m in e["points"]]
+        pts = [(out["lrs"][n]["points"][m]["pass@1"]["mean"],
+                out["lrs"][n]["points"][m][key]["mean"]) for n in names]
+        above[m] = dict(zip(names, above_frontier(pts, ref), strict=True))
+    return {"selected_lr": None if selected is None else out["lrs"][selected]["lr"],
+            "admissible": sorted(admissible, key=float), "above_baseline_frontier": above}
+
+
+def frontier_markdown(out: dict[str, Any]) -> str:
+    """One row per (lr, arm): pass@1 and pass@k with CIs; the gate per lr; the selection."""
+    k = out["k"]
+    key = f"pass@{k}"
+
+    def ci(e: dict[str, Any]) -> str:
+        if e["lo"] is None:
+            return f"{100 * e['mean']:.2f}"
+        return f"{100 * e['mean']:.2f} [{100 * e['lo']:.2f}, {100 * e['hi']:.2f}]"
+
+    lines = [f"Frontier: {out['metric']} (%).", "",
+             f"| lr | arm | seeds | pass@1 | {key} | gate (baseline − null, pass@1) |",
+             "|---|---|---|---|---|---|"]
+    for name, e in out["lrs"].items():
+        for arm, p in e["points"].items():
+            lines.append(f"| {name} | {arm} | {p['pass@1']['seeds']} | {ci(p['pass@1'])} | "
+                         f"{ci(p[key])} | {e['gate']['outcome'] if arm == NULL else ''} |")
+    sel = out.get("selected_lr")
+    admissible = ", ".join(out.get("admissible", [])) or "none"
+    chosen = "none (no lr passes the gate)" if sel is None else f"{sel:g}"
+    lines += ["", f"Rule: {out['rule']}. Admissible: {admissible}. Selected: {chosen}."]
+    for m, d in out.get("above_baseline_frontier", {}).items():
+        cells = [f"lr {n}: " + ("outside uniform's pass@1 range" if v is None
+                                else f"{100 * v:+.2f} pp") for n, v in d.items()]
+        lines.append(f"{m}: {key} above the baseline's frontier at its own pass@1 — "
+                     + "; ".join(cells) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def write_frontier(out: dict[str, Any], results_dir: str) -> None:
+    """`frontier.{json,md,png}` of the lrs finished so far."""
+    from sera_jax.studies.maze.figures import plot_frontier
+
+    os.makedirs(results_dir, exist_ok=True)
+    write_json(os.path.join(results_dir, "frontier.json"), out)
+    with open(os.path.join(results_dir, "frontier.md"), "w") as f:
+        f.write(frontier_markdown(out))
+    plot_frontier(out, os.path.join(results_dir, "frontier.png"))
+
+
+__all__ = ["above_frontier", "frontier_markdown", "lr_config", "lr_dir", "point",
+           "stage_frontier", "summarise", "validate_frontier"]
