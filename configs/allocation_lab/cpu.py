@@ -96,12 +96,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.maze_family.eval_every = 16
     c.maze_family.learning_rate = 0.05
     c.maze_family.aggregation = "seq_mean_token_sum_norm"  # the sequence score / H
+    # > 0: also the window endpoint, each seed's pass@k averaged over the last `window`
+    # evaluation points, with paired CIs (configs/allocation_lab/maze_forecast.py); 0 = off.
+    c.maze_family.window = 0
 
     # lr selection (the frontier over an lr grid, the gate per lr) and a θ table; off by
     # default (configs/allocation_lab/lr_sweep.py turns it on).
     c.sweep = ml_collections.ConfigDict()
     c.sweep.enabled = False
-    c.sweep.learning_rates = (0.005, 0.01, 0.02, 0.05)
+    # Down to 0.001: the first sweep selected 0.005, the lower edge of (0.005, ..., 0.05).
+    c.sweep.learning_rates = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
     c.sweep.methods = ("uniform", "sera")
     c.sweep.frontier_k = 256
     c.sweep.thetas = (0.0, 0.02, 0.05, 0.1, 0.2)
@@ -116,7 +120,8 @@ def get_config() -> ml_collections.ConfigDict:
     # A maze-study shape on the maze-like law; here the 16-step one (configs/maze/cpu_16step.py:
     # P 32 = every training maze every step, N0 8, n_max 64, 16 steps). Off by default. The
     # forecast for the long-horizon default (configs/maze/cpu.py) used P 32, N0 8, n_max 64,
-    # 400 steps with task.num_train = 256 (docs/results_lab.md, "Registered prediction").
+    # 400 steps with task.num_train = 256 (docs/results_lab.md, "Registered prediction";
+    # configs/allocation_lab/maze_forecast.py).
     c.maze_cell = ml_collections.ConfigDict()
     c.maze_cell.enabled = False
     c.maze_cell.prompts_per_step = 32
@@ -127,6 +132,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.maze_cell.difficulty = "maze"
     c.maze_cell.methods = ("uniform", "sera", "sera_no_multiplicity")  # as in docs/results_maze.md
     c.maze_cell.table_ks = (1, 4, 16, 32)
+    c.maze_cell.window = 0  # as maze_family.window
 
     c.regime = ml_collections.ConfigDict()
     c.regime.enabled = True

@@ -11,8 +11,9 @@ maze cell and regime map are off.
   python -m experiments.allocation_lab --config=configs/allocation_lab/lr_sweep.py \
       --workdir=/tmp/allocation_lab_lr
 
-Not run for docs/results_lab.md yet (≈ 4 compiled lr settings × 3 runners plus 5 θ runners;
-expect about 5–10 min on 2 idle cores).
+The grid (cpu.py's `sweep.learning_rates`) is 0.001 ... 0.05: the first sweep selected 0.005,
+then its lower edge. ≈ 6 compiled lr settings × 3 runners plus 5 θ runners; the 4-lr grid
+was estimated at 5–10 min on 2 idle cores, so expect about 1.5 times that.
 """
 
 import ml_collections

@@ -11,23 +11,28 @@
    if uniform − null pass@1 has its CI above 0);
 2. **maze family** (`config.maze_family`) -- the same on the compositional maze-policy task
    (`lab.maze_task`: p exact by DP), with its own lr;
-3. **lr sweep** (`config.sweep`, off by default) -- the frontier (pass@1 vs pass@K) of
+3. **lr sweep** (`config.sweep`, `lab.sweep`, off by default) -- the frontier (pass@1 vs pass@K) of
    each method over an lr grid with the gate per lr, the selected lr (admissible, best
    uniform pass@K) and a θ sensitivity table at it;
 4. **maze cell** (`config.maze_cell`) -- the shape of the maze CPU default (P, N0, n_max,
    steps) on the maze-like difficulty;
-5. **regime map** (`config.regime`) -- a grid of (P, N0, n_max) shapes × difficulty laws,
-   `regime.methods` on the seeds `regime.seeds` (of base seed `config.seed + 1`) each: per
-   cell the paired Δ of each method vs the baseline (`config.compare.baseline`), vs the
-   null when `regime.controls`, and the winner (best mean; "tie" lists methods whose paired
-   CI against it contains 0).
+5. **regime map** (`config.regime`, `lab.regime`) -- a grid of (P, N0, n_max) shapes ×
+   difficulty laws, `regime.methods` on the seeds `regime.seeds` (of base seed
+   `config.seed + 1`) each: per cell the paired Δ of each method vs the baseline
+   (`config.compare.baseline`), vs the null when `regime.controls`, and the winner (best
+   mean; "tie" lists methods whose paired CI against it contains 0).
+
+With `maze_family.window` / `maze_cell.window` = w > 0 that cell also reports the window
+endpoint (`cells.report_window`): each seed's held-out pass@k averaged over the last w
+evaluation points, per arm, the paired differences of each method − every method listed
+before it and − the null, and the gate at the final point (0: the final point only).
 
 Differences are paired over seeds; the interval is `config.report.ci` ('t': Student t over
 seeds, 'bootstrap': percentile bootstrap over seeds; `sera_jax.studies.lab.stats`).
 
 Writes to `workdir`: `summary.md` (also returned), `final.csv` (per method, seed, split, k:
 final pass@k), `regime.csv`, `results.npz` (every array), `pass_at_k_training.png`,
-`pass_at_k_delta.png`, `regime_map.png`.
+`pass_at_k_delta.png`, `regime_map_pass{k}.png`.
 """
 
 from __future__ import annotations
@@ -35,25 +40,39 @@ from __future__ import annotations
 import csv
 import functools
 import os
-import textwrap
 import time
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
-from absl import logging
 
 from sera_jax import methods as methods_lib
 from sera_jax import optim, validation
 from sera_jax.studies import common
 from sera_jax.studies.lab import stats, train
+from sera_jax.studies.lab.cells import (
+    AA,
+    NULL,
+    _final,
+    gate,
+    maze_cell_setup,
+    maze_family_setup,
+    method_for,
+    regime_setup,
+    report_cell,
+    report_window,
+    run_cell,
+    table_diagnostics,
+    table_paired,
+)
+from sera_jax.studies.lab.regime import run_regime
+from sera_jax.studies.lab.sweep import run_sweep
 
 SPLITS = ("train", "held-out")
-#: Control arms (`run_cell(controls=True)`): the null (uniform with the rewards of each batch
-#: shuffled) and the A/A arm (uniform on another rollout stream).
-NULL, AA = "null", "uniform_aa"
+#: Re-exported from `cells` (the study's vocabulary: arms, the gate, one cell).
+__all__ = ["AA", "NULL", "RENAMED", "SPLITS", "gate", "method_for", "run", "run_cell",
+           "validate"]
 
 #: Fields the lab's config moved to the one schema (old dotted path -> new one).
 RENAMED = {
@@ -77,148 +96,6 @@ RENAMED = {
     "regime.num_seeds": "regime.seeds",
 }
 common.RENAMED.update(RENAMED)
-
-
-def method_for(name: str, threshold: float | None = None) -> methods_lib.Method:
-    """The registered method `name`, with θ = `threshold` when it has a dynamic active set
-    (`rl.allocation.threshold`; None = the preset's θ)."""
-    method = methods_lib.get_method(name)
-    if threshold is not None and "threshold" in method.options:
-        method = methods_lib.resolve(name, {"threshold": float(threshold)})
-    return method
-
-
-def run_cell(method_names: Sequence[str], setup: train.Setup, seed: int, seeds: Sequence[int],
-             laws: Mapping[str, Any], runners: dict | None = None, controls: bool = False,
-             threshold: float | None = None) -> dict[str, dict[str, dict[str, np.ndarray]]]:
-    """results[law][arm] = `train.Runner` output on the paired seeds `seeds` of `seed`.
-
-    Arms: the methods, and with `controls` the null arm `NULL` (uniform, rewards shuffled
-    within each batch) and the A/A arm `AA` (uniform on the other rollout stream: same
-    task, initial policy and data order). Tasks are built once per law and shared by every
-    arm; `runners` caches compiled runners by (method, θ, control, setup without its
-    length), so a shape seen before (another law, another length, the A/A stream) is not
-    compiled again.
-    """
-    runners = {} if runners is None else runners
-    keys = train.seed_keys(seed, seeds)
-    tasks = {law: train.make_tasks(setup, seed, seeds, spec) for law, spec in laws.items()}
-    out: dict[str, dict[str, dict[str, np.ndarray]]] = {law: {} for law in laws}
-    arms = [(n, n, None, 0) for n in method_names]
-    if controls:
-        arms += [(NULL, "uniform", "null", 0), (AA, "uniform", None, 1)]
-    for arm, name, control, stream in arms:
-        method = method_for(name, threshold)
-        cache_key = (name, dict(method.options).get("threshold"), control,
-                     setup.with_(num_steps=setup.eval_every))
-        if cache_key not in runners:
-            runners[cache_key] = train.Runner(method, cache_key[3], control)
-        for law in laws:
-            t0 = time.time()
-            out[law][arm] = runners[cache_key](keys, tasks[law], setup.num_steps, stream)
-            logging.info("lab: %s on %s (%d seeds) in %.1fs", arm, law, keys.shape[0],
-                         time.time() - t0)
-    return out
-
-
-def _final(res: Mapping[str, np.ndarray], split: int, k_index: int) -> np.ndarray:
-    """Per-seed final pass@k (percent)."""
-    return 100.0 * res["pass_at_k"][:, -1, split, k_index]
-
-
-# ----------------------------------------------------------------------------- tables
-
-
-def table_final(results, ks, table_ks, split: int) -> str:
-    idx = [ks.index(k) for k in table_ks]
-    head = "| method | " + " | ".join(f"pass@{k}" for k in table_ks) + " |"
-    lines = [head, "|---|" + "---|" * len(idx)]
-    for name, res in results.items():
-        vals = [f"{_final(res, split, i).mean():.2f}" for i in idx]
-        lines.append(f"| {name} | " + " | ".join(vals) + " |")
-    return "\n".join(lines)
-
-
-def table_paired(results, ks, table_ks, split: int, reference: str, names, ci: str) -> str:
-    idx = [ks.index(k) for k in table_ks]
-    head = f"| method − {reference} | " + " | ".join(f"Δ pass@{k}" for k in table_ks) + " |"
-    lines = [head, "|---|" + "---|" * len(idx)]
-    for name in names:
-        if name == reference or name not in results:
-            continue
-        cells = [stats.paired(_final(results[name], split, i),
-                              _final(results[reference], split, i), ci).fmt()
-                 for i in idx]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def table_diagnostics(results) -> str:
-    cols = ("cosine", "kappa_mean", "kappa_min", "phat_abs_err", "mixed_frac", "active_frac",
-            "reward_mean")
-    j = [train.STEP_METRICS.index(c) for c in cols]
-    lines = ["| method | " + " | ".join(cols) + " | rollouts std |",
-             "|---|" + "---|" * (len(cols) + 1)]
-    for name, res in results.items():
-        s = res["steps"]
-        vals = [f"{np.nanmean(s[..., i]):.3f}" for i in j]
-        c = res["counts"].astype(np.float64)
-        spread = np.where(c > 0, c, np.nan)
-        vals.append(f"{np.nanmean(np.nanstd(spread, axis=-1)):.2f}")
-        lines.append(f"| {name} | " + " | ".join(vals) + " |")
-    return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------- controls
-
-
-def gate(results, ks: Sequence[int], ci: str) -> dict[str, Any]:
-    """The learning-rate gate: the paired Δ uniform − null of final held-out pass@1 (points);
-    the lr is admissible only if its CI lies above 0 (uniform learns more than noise)."""
-    i = list(ks).index(1)
-    d = stats.paired(_final(results["uniform"], 1, i), _final(results[NULL], 1, i), ci)
-    return {"delta": d, "admissible": bool(d.lo > 0)}
-
-
-def gate_line(g: Mapping[str, Any], lr: float) -> str:
-    verdict = ("ADMISSIBLE (uniform beats the null at pass@1)" if g["admissible"] else
-               "NOT ADMISSIBLE (uniform does not beat the null at pass@1: the comparison "
-               "below measures optimiser noise, not learning)")
-    return f"**Gate, lr {lr}:** uniform − null pass@1 = {g['delta'].fmt()} → {verdict}."
-
-
-def aa_false_positives(results, ci: str, split: int = 1) -> tuple[int, int]:
-    """(cells whose paired CI of uniform_aa − uniform excludes 0, cells), over every k of
-    eval.ks × every evaluation after step 0. The two arms differ only in their rollout key,
-    so every such cell is a false positive (the cells are correlated: a rate, not a test)."""
-    a, b = results[AA]["pass_at_k"], results["uniform"]["pass_at_k"]
-    cells = [(e, i) for e in range(1, a.shape[1]) for i in range(a.shape[3])]
-    sig = sum(stats.paired(100 * a[:, e, split, i], 100 * b[:, e, split, i], ci).significant
-              for e, i in cells)
-    return int(sig), len(cells)
-
-
-def report_cell(results, ks, table_ks, ref: str, names: Sequence[str], ci: str,
-                controls: bool, lr: float, title: str = "") -> tuple[list[str], dict | None]:
-    """Markdown lines of one cell (final pass@k of every arm, paired Δ vs `ref`, and with
-    `controls` the gate, every arm − null and the A/A false-positive rate) and its gate."""
-    lines = [f"## {title}Final held-out pass@k (%)", "", table_final(results, ks, table_ks, 1),
-             "", f"## {title}Paired differences vs {ref} (held-out, points)", "",
-             table_paired(results, ks, table_ks, 1, ref, names, ci), ""]
-    if not controls:
-        return lines, None
-    g = gate(results, ks, ci)
-    sig, cells = aa_false_positives(results, ci)
-    lines += [f"## {title}Controls: gate, null, A/A (held-out, points)", "",
-              "null = uniform with the rewards of each batch shuffled (same lr, budget and "
-              "rollouts); uniform_aa = uniform on another rollout stream (same task, initial "
-              "policy and data order).", "", gate_line(g, lr), "",
-              table_paired(results, ks, table_ks, 1, NULL, list(names) + [AA], ci), "",
-              f"A/A: uniform_aa − uniform has a CI excluding 0 in {sig} of {cells} (k, "
-              f"evaluation) cells ({100 * sig / cells:.1f} %; 5 % if the CIs were nominal and "
-              "the cells independent).", "",
-              table_paired(results, ks, table_ks, 1, "uniform", [AA], ci), ""]
-    return lines, {**g, "aa_false_positives": (sig, cells)}
 
 
 # ----------------------------------------------------------------------------- figures
@@ -279,188 +156,6 @@ def figure_delta(results, setup: train.Setup, reference: str, ci: str, path: str
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def figure_regime(rows: list[dict[str, Any]], difficulties, shapes, k: int, path: str,
-                  subject: str, reference: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    grid = np.full((len(difficulties), len(shapes)), np.nan)
-    text = [["" for _ in shapes] for _ in difficulties]
-    for r in rows:
-        if r["k"] == k and r["method"] == subject:
-            i, j = difficulties.index(r["difficulty"]), shapes.index(tuple(r["shape"]))
-            grid[i, j] = r["delta"]
-            star = "*" if r["significant"] else " (n.s.)"
-            best, _, ties = r["winner"].partition(" ~ ")
-            lines = [f"{r['delta']:+.2f}{star}", f"best: {best}"]
-            lines += textwrap.wrap("≈ " + ties.replace("/", ", "), 24) if ties else []
-            text[i][j] = "\n".join(lines)
-    fig, ax = plt.subplots(figsize=(2.4 * len(shapes) + 2, 1.4 * len(difficulties) + 1.6))
-    v = np.nanmax(np.abs(grid)) if np.isfinite(grid).any() else 1.0
-    im = ax.imshow(grid, cmap="RdBu", vmin=-v, vmax=v, aspect="auto")
-    for i in range(len(difficulties)):
-        for j in range(len(shapes)):
-            ax.text(j, i, text[i][j], ha="center", va="center", fontsize=6.5)
-    ax.set_xticks(range(len(shapes)),
-                  [f"P={p} N0={n0}\nn_max={nm}" for p, n0, nm in shapes], fontsize=8)
-    ax.set_yticks(range(len(difficulties)), difficulties)
-    fig.colorbar(im, ax=ax, label=f"Δ pass@{k} {subject} − {reference} (points)")
-    ax.set_title(f"regime map: held-out pass@{k}, winner by mean (ties: CI of Δ contains 0)",
-                 fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-# ----------------------------------------------------------------------------- the study
-
-
-def regime_rows(cell_results, shape, ks, k_list, references: Sequence[str], ci: str
-                ) -> list[dict]:
-    """One row per (difficulty, reference, method, k): Δ of the method vs the reference with
-    its CI, and the cell's winner (references absent from the cell are skipped)."""
-    rows = []
-    for law, results in cell_results.items():
-        for k in k_list:
-            i = ks.index(k)
-            finals = {n: _final(r, 1, i) for n, r in results.items() if n != AA}
-            best, ties = stats.winner({n: v for n, v in finals.items() if n != NULL}, ci)
-            win = best if not ties else f"{best} ~ {'/'.join(ties)}"
-            for ref in (r for r in dict.fromkeys(references) if r in finals):
-                for name, vals in finals.items():
-                    if name in (ref, NULL):  # null − x is −(x − null)
-                        continue
-                    p = stats.paired(vals, finals[ref], ci)
-                    rows.append(dict(difficulty=law, shape=tuple(shape), reference=ref,
-                                     method=name, k=k, mean=float(vals.mean()), delta=p.mean,
-                                     lo=p.lo, hi=p.hi, significant=bool(p.significant),
-                                     winner=win))
-    return rows
-
-
-def table_regime(rows, difficulties, shapes, k: int, reference: str, names, n: int) -> str:
-    """Markdown: one line per (difficulty, shape), Δ vs `reference` of each of `names`."""
-    lines = ["| difficulty | P, N0, n_max | " + " | ".join(names) + " | winner |",
-             "|---|---|" + "---|" * (len(names) + 1)]
-    for law in difficulties:
-        for shape in shapes:
-            cell = [r for r in rows if r["k"] == k and r["difficulty"] == law
-                    and r["shape"] == shape and r["reference"] == reference]
-            by = {r["method"]: r for r in cell}
-            cells = [stats.Paired(by[m]["delta"], by[m]["lo"], by[m]["hi"], n).fmt()
-                     for m in names]
-            lines.append(f"| {law} | {shape} | " + " | ".join(cells)
-                         + f" | {cell[0]['winner']} |")
-    return "\n".join(lines)
-
-
-def _mean_ci(x: np.ndarray, ci: str) -> stats.Paired:
-    """The mean of per-seed values with its 95 % interval (a paired CI against 0)."""
-    return stats.paired(x, np.zeros_like(x), ci)
-
-
-def run_sweep(config: ml_collections.ConfigDict, runners: dict
-              ) -> tuple[list[str], list[dict[str, Any]]]:
-    """lr selection and the θ table (`config.sweep`), on the main cell's task and seeds.
-
-    For every lr of `sweep.learning_rates`: `sweep.methods` with the controls; the gate
-    (uniform − null pass@1 > 0); each method's frontier point (final held-out pass@1,
-    pass@K, K = `sweep.frontier_k`, with CIs). The selected lr is the admissible one where
-    uniform's pass@K is best (the baseline tuned on the compared metric); its cell is
-    reported in full (`report_cell`). A SERA point lies
-    above uniform's frontier when its pass@K exceeds uniform's frontier (linear between
-    uniform's points sorted by pass@1, flat beyond them) at its pass@1. Then, at the
-    selected lr, SERA − uniform for every θ of `sweep.thetas` (the active fraction too).
-    """
-    sw, ci = config.sweep, config.report.ci
-    ks = [int(k) for k in config.eval.ks]
-    i1, ik = ks.index(1), ks.index(int(sw.frontier_k))
-    seeds = [int(s) for s in config.compare.seeds]
-    law, base = config.difficulty, train.setup_from_config(config)
-    names = list(sw.methods)
-    rows: list[dict[str, Any]] = []
-    lines = [f"## lr sweep: frontier pass@1 vs pass@{sw.frontier_k} (held-out, %)", "",
-             "| lr | gate: uniform − null pass@1 | " + " | ".join(
-                 f"{n} pass@1 | {n} pass@{sw.frontier_k}" for n in names) + " |",
-             "|---|---|" + "---|---|" * len(names)]
-    opt, by_lr = dict(base.optimizer), {}
-    for lr in sw.learning_rates:
-        setup = base.with_(optimizer=tuple(sorted({**opt, "learning_rate": float(lr)}.items())))
-        res = run_cell(names, setup, config.seed, seeds, {law: law}, runners, True,
-                       config.rl.allocation.threshold)[law]
-        g, by_lr[float(lr)] = gate(res, ks, ci), res
-        row = {"lr": float(lr), "admissible": g["admissible"], "gate": g["delta"]}
-        cells = []
-        for n in names:
-            row[n] = (_mean_ci(_final(res[n], 1, i1), ci), _mean_ci(_final(res[n], 1, ik), ci))
-            cells += [f"{row[n][0].mean:.2f} ± {row[n][0].hi - row[n][0].mean:.2f}",
-                      f"{row[n][1].mean:.2f} ± {row[n][1].hi - row[n][1].mean:.2f}"]
-        rows.append(row)
-        lines.append(f"| {lr} | {g['delta'].fmt()}{'' if g['admissible'] else ' ✗'} | "
-                     + " | ".join(cells) + " |")
-    ok = [r for r in rows if r["admissible"]]
-    lines.append("")
-    if not ok:
-        lines += ["No lr of the grid is admissible (✗: uniform does not beat the null).", ""]
-        return lines, rows
-    best = max(ok, key=lambda r: r["uniform"][1].mean)
-    lines.append(f"Selected lr (admissible, best uniform pass@{sw.frontier_k}): "
-                 f"**{best['lr']}**.")
-    front = sorted((r["uniform"][0].mean, r["uniform"][1].mean) for r in rows)
-    for n in (m for m in names if m != "uniform"):
-        above = [float(r[n][1].mean) > float(np.interp(r[n][0].mean, *zip(*front)))
-                 for r in rows]
-        lines.append(f"{n}: {sum(above)} of {len(rows)} points above uniform's frontier.")
-    lines += [""] + report_cell(by_lr[best["lr"]], ks, list(config.report.table_ks), "uniform",
-                                names, ci, True, best["lr"], f"Selected lr {best['lr']}: ")[0]
-    lines += [f"## θ sensitivity at lr {best['lr']} (held-out, points, vs uniform)", "",
-              "| θ | active fraction | " + " | ".join(
-                  f"Δ pass@{k}" for k in config.report.table_ks) + " |",
-              "|---|---|" + "---|" * len(config.report.table_ks)]
-    setup = base.with_(optimizer=tuple(sorted({**opt, "learning_rate": best["lr"]}.items())))
-    uni = run_cell(["uniform"], setup, config.seed, seeds, {law: law}, runners)[law]
-    for th in sw.thetas:
-        res = run_cell(["sera"], setup, config.seed, seeds, {law: law}, runners,
-                       threshold=float(th))[law]
-        act = res["sera"]["steps"][..., train.STEP_METRICS.index("active_frac")].mean()
-        cells = [stats.paired(_final(res["sera"], 1, ks.index(k)),
-                              _final(uni["uniform"], 1, ks.index(k)), ci).fmt()
-                 for k in config.report.table_ks]
-        lines.append(f"| {th} | {act:.2f} | " + " | ".join(cells) + " |")
-    return lines + [""], rows
-
-
-def _setup(config: ml_collections.ConfigDict, **changes) -> train.Setup:
-    return train.setup_from_config(config).with_(**changes)
-
-
-def _maze_cell_setup(config: ml_collections.ConfigDict) -> train.Setup:
-    mc = config.maze_cell
-    return _setup(config, prompts_per_step=mc.prompts_per_step, n0=mc.rollouts_per_prompt,
-                  n_max=mc.n_max, num_steps=mc.num_steps, eval_every=mc.eval_every)
-
-
-def _maze_family_setup(config: ml_collections.ConfigDict) -> train.Setup:
-    mf = config.maze_family
-    return _setup(config, family="maze", maze_size=mf.maze_size, maze_openings=mf.maze_openings,
-                  horizon=mf.horizon, min_path=mf.min_path, init_blocked=mf.init_blocked,
-                  num_train=mf.num_train, num_test=mf.num_test,
-                  prompts_per_step=mf.prompts_per_step, n0=mf.rollouts_per_prompt,
-                  n_max=mf.n_max, num_steps=mf.num_steps, eval_every=mf.eval_every,
-                  aggregation=mf.aggregation,
-                  optimizer=tuple(sorted({**dict(config.rl.optimizer),
-                                          "learning_rate": mf.learning_rate}.items())))
-
-
-def _regime_setup(config: ml_collections.ConfigDict, shape: Sequence[int]) -> train.Setup:
-    rg = config.regime
-    p, n0, n_max = shape
-    return _setup(config, prompts_per_step=p, n0=n0, n_max=n_max, num_steps=rg.num_steps,
-                  eval_every=rg.eval_every)
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -532,19 +227,28 @@ def validate(config: ml_collections.ConfigDict) -> None:
     try:  # shapes: whole epochs, bounds, evaluation points, the optimiser block
         train.setup_from_config(config)
         if config.maze_family.enabled:
-            _maze_family_setup(config)
+            maze_family_setup(config)
         if config.maze_cell.enabled:
-            _maze_cell_setup(config)
+            maze_cell_setup(config)
         for shape in (config.regime.shapes if config.regime.enabled else ()):
-            _regime_setup(config, [int(x) for x in shape])
+            regime_setup(config, [int(x) for x in shape])
     except ValueError as e:
         raise common.StudyError(str(e)) from None
+    for block, make in (("maze_family", maze_family_setup), ("maze_cell", maze_cell_setup)):
+        if config[block].enabled:
+            w, cell_setup = config[block].window, make(config)
+            n = cell_setup.num_steps // cell_setup.eval_every
+            c(validation.is_int(w) and 0 <= w <= n, f"{block}.window", w,
+              f"an integer in [0, {n}] (0: off; else the number of last evaluation points "
+              f"averaged, of the {n} after step 0)")
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Run the study described in the module docstring; returns {'summary', 'main',
-    'maze_family', 'maze_cell', 'regime', 'sweep', 'wall_s', 'gate', 'maze_gate'} (a gate:
-    {'delta': stats.Paired, 'admissible', 'aa_false_positives'}, None without controls)."""
+    'maze_family', 'maze_cell', 'regime', 'sweep', 'wall_s', 'gate', 'maze_gate', 'window'}
+    (a gate: {'delta': stats.Paired, 'admissible', 'aa_false_positives'}, None without
+    controls; 'window': {'maze_cell' / 'maze_family': `cells.report_window`'s numbers} for
+    the cells with a window)."""
     t_start = time.time()
     validate(config)
     rep = config.report
@@ -597,10 +301,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                     "pass_at_k_training.png"), f"{law}, {len(seeds)} seeds, mean ± 1.96 se")
     figure_delta(main, setup, ref, ci, os.path.join(workdir, "pass_at_k_delta.png"))
 
-    maze_family, maze_gate = None, None
+    maze_family, maze_gate, windows = None, None, {}
     if config.maze_family.enabled:
         mf = config.maze_family
-        fs = _maze_family_setup(config)
+        fs = maze_family_setup(config)
         maze_family = run_cell(list(mf.methods), fs, config.seed, seeds, {"maze": "maze"},
                                runners, controls, theta)["maze"]
         _, test0, params0 = jax.tree.map(lambda x: x[0],
@@ -620,6 +324,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                                             list(mf.methods), ci, controls,
                                             dict(fs.optimizer)["learning_rate"], "Maze family: ")
         lines += cell_lines
+        if mf.window:
+            cell_lines, windows["maze_family"] = report_window(
+                maze_family, fs.eval_steps, ks, list(rep.table_ks), list(mf.methods), ci,
+                int(mf.window), dict(fs.optimizer)["learning_rate"], "Maze family: ")
+            lines += cell_lines
 
     sweep_rows: list[dict[str, Any]] = []
     if config.sweep.enabled:
@@ -629,7 +338,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     maze_cell = None
     if config.maze_cell.enabled:
         mc = config.maze_cell
-        ms = _maze_cell_setup(config)
+        ms = maze_cell_setup(config)
         maze_cell = run_cell(list(mc.methods), ms, config.seed, seeds,
                              {mc.difficulty: mc.difficulty}, runners, controls, theta)
         maze_cell = maze_cell[mc.difficulty]
@@ -644,42 +353,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                       table_paired(sub, ks, list(mc.table_ks), 1, ref, list(mc.methods), ci),
                       ""] + ([table_paired(sub, ks, list(mc.table_ks), 1, NULL,
                                            list(mc.methods), ci), ""] if controls else [])
+        if mc.window:
+            cell_lines, windows["maze_cell"] = report_window(
+                maze_cell, ms.eval_steps, ks, list(mc.table_ks), list(mc.methods), ci,
+                int(mc.window), opt["learning_rate"], "Maze default cell: ")
+            lines += cell_lines
 
     rows: list[dict[str, Any]] = []
     if config.regime.enabled:
-        rg = config.regime
-        shapes = [tuple(int(x) for x in s) for s in rg.shapes]
-        laws = {d: d for d in rg.difficulties}
-        for shape in shapes:
-            cell = run_cell(list(rg.methods), _regime_setup(config, shape), config.seed + 1,
-                            [int(s) for s in rg.seeds], laws, runners, rg.controls, theta)
-            rows += regime_rows(cell, shape, ks, list(rg.ks),
-                                [ref, rep.challenge_reference, NULL], ci)
-        with open(os.path.join(workdir, "regime.csv"), "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        lines += [f"## Regime map ({len(rg.seeds)} seeds, {rg.num_steps} steps per cell; "
-                  "held-out; points)", "",
-                  "winner: the best mean; '~' lists the methods whose paired CI against it "
-                  "contains 0.", ""]
-        others = [m for m in rg.methods if m != ref]
-        new = [m for m in rg.methods if m in rep.challengers]
-        for k in rg.ks:
-            lines += [f"pass@{k}, Δ vs {ref}:", "",
-                      table_regime(rows, list(rg.difficulties), shapes, k, ref, others,
-                                   len(rg.seeds)), ""]
-            if rg.controls:
-                lines += [f"pass@{k}, Δ vs the null (uniform with shuffled rewards):", "",
-                          table_regime(rows, list(rg.difficulties), shapes, k, NULL,
-                                       list(rg.methods), len(rg.seeds)), ""]
-            if new and rep.challenge_reference in rg.methods:
-                lines += [f"pass@{k}, new rules Δ vs {rep.challenge_reference}:", "",
-                          table_regime(rows, list(rg.difficulties), shapes, k,
-                                       rep.challenge_reference, new, len(rg.seeds)), ""]
-            figure_regime([r for r in rows if r["reference"] == ref], list(rg.difficulties),
-                          shapes, k, os.path.join(workdir, f"regime_map_pass{k}.png"),
-                          rg.subject, ref)
+        regime_lines, rows = run_regime(config, runners, workdir)
+        lines += regime_lines
 
     with open(os.path.join(workdir, "final.csv"), "w", newline="") as f:
         w = csv.writer(f)
@@ -699,4 +382,4 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         f.write(summary)
     return {"summary": summary, "main": main, "maze_cell": maze_cell, "regime": rows,
             "maze_family": maze_family, "sweep": sweep_rows, "wall_s": wall,
-            "gate": main_gate, "maze_gate": maze_gate}
+            "gate": main_gate, "maze_gate": maze_gate, "window": windows}

@@ -11,7 +11,7 @@ import pytest
 from sera_jax import methods, optim
 from sera_jax.config_files import get_config
 from sera_jax.studies import common
-from sera_jax.studies.lab import study, train
+from sera_jax.studies.lab import cells, stats, study, train
 from tests import util
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -50,7 +50,9 @@ def _tiny():
 
 
 def test_study_end_to_end(tmp_path):
-    out = study.run(_tiny(), str(tmp_path))
+    c = _tiny()
+    c.maze_family.window = 1  # the window table of the family (the maze cell's: below)
+    out = study.run(c, str(tmp_path))
     for f in ("summary.md", "final.csv", "regime.csv", "results.npz", "pass_at_k_training.png",
               "pass_at_k_delta.png", "regime_map_pass16.png"):
         assert (tmp_path / f).exists(), f
@@ -66,6 +68,8 @@ def test_study_end_to_end(tmp_path):
     assert "Δ vs the null" in s  # the regime map's controls
     assert isinstance(out["gate"]["admissible"], bool) and out["maze_gate"] is not None
     assert out["main"]["uniform"]["pass_at_k"].shape[0] == 3  # one row per seed
+    assert "## Maze family: Window: held-out pass@k averaged over steps 4 (the last 1" in s
+    assert set(out["window"]) == {"maze_family"} and out["window"]["maze_family"]["gate"]
 
 
 def test_cpu_default_is_valid():
@@ -89,6 +93,8 @@ def test_cpu_default_is_valid():
     ("report.table_ks", (1, 3), "subset of eval.ks"),
     ("rl.rollouts_per_prompt", 100, "n_min <= n0 <= n_max"),
     ("rl.optimizer.learning_rate", -1.0, "rl.optimizer.learning_rate"),
+    ("maze_family.window", 7, r"maze_family.window=7 is invalid; allowed: an integer in \[0, 6\]"),
+    ("maze_family.window", -1, "maze_family.window"),
 ])
 def test_bad_values_are_refused_before_any_work(tmp_path, field, value, match):
     # Not type-safe: a user's own config file may hold a string where the default has a tuple.
@@ -158,3 +164,51 @@ def test_lr_sweep_gates_each_lr_and_tables_theta(tmp_path):
         assert "| 0.2 |" in s and "θ sensitivity at lr 0.5" in s
     else:
         assert "No lr of the grid is admissible" in s
+
+
+def test_maze_forecast_config_is_the_registered_driver():
+    """configs/allocation_lab/maze_forecast.py is valid and holds the fields of the driver
+    that produced docs/results_lab.md "Registered prediction" (window of 3: steps 200/300/400)."""
+    c = get_config(os.path.join(ROOT, "configs", "allocation_lab", "maze_forecast.py"))
+    study.validate(c)
+    assert c.task.num_train == 256 and c.rl.optimizer.learning_rate == 0.005
+    assert (c.compare.methods, c.report.challengers, c.rl.num_steps, c.eval.every) == (
+        ("uniform",), (), 16, 16)
+    assert not c.regime.enabled and not c.sweep.enabled and c.compare.controls
+    meths = ("uniform", "sera", "sera_evidence")
+    mc, mf = c.maze_cell, c.maze_family
+    assert mc.enabled and mf.enabled and mc.methods == mf.methods == meths
+    assert (mc.prompts_per_step, mc.rollouts_per_prompt, mc.n_max) == (32, 8, 64)
+    assert (mc.num_steps, mc.eval_every, mc.table_ks, mc.window) == (400, 100, (1, 64), 3)
+    assert (mf.num_train, mf.prompts_per_step, mf.rollouts_per_prompt, mf.n_max) == (
+        256, 32, 8, 64)
+    assert (mf.num_steps, mf.eval_every, mf.learning_rate, mf.window) == (400, 100, 0.05, 3)
+    assert list(cells.maze_cell_setup(c).eval_steps[-3:]) == [200, 300, 400]
+    assert c.rl.allocation.threshold is None and 64 in c.eval.ks and 1 in c.eval.ks
+    assert get_config(CPU).maze_cell.window == get_config(CPU).maze_family.window == 0
+
+
+def test_window_table_averages_the_last_evaluations(tmp_path):
+    """`maze_cell.window` adds the window table (the maze family's: the end-to-end test); the
+    numbers are the driver's (each seed's pass@k averaged over the last evaluations, then
+    paired over seeds)."""
+    c = _tiny()
+    c.compare.methods, c.report.challengers = ("uniform",), ()
+    c.regime.enabled = c.maze_family.enabled = False
+    c.maze_cell.num_steps, c.maze_cell.window = 6, 2  # evaluations 0/2/4/6: window 4/6
+    out = study.run(c, str(tmp_path))
+    s = out["summary"]
+    assert "## Maze default cell: Window: held-out pass@k averaged over steps 4/6 (the last 2" in s
+    assert "| a − b | Δ pass@1 | Δ pass@4 |" in s and "| start (step 0) |" in s
+    assert "| sera_equalized − uniform |" in s and "| uniform − null |" in s
+    assert "**Gate, lr 0.05:** uniform − null pass@1 = " in s.split("Window:")[1]
+    win = out["window"]["maze_cell"]
+    assert list(win["paired"]) == [("sera_equalized", "uniform"), ("uniform", cells.NULL),
+                                   ("sera_equalized", cells.NULL)]
+    res, i = out["maze_cell"], list(c.eval.ks).index(4)
+    w = lambda n: 100 * res[n]["pass_at_k"][:, -2:, 1, i].mean(1)
+    assert win["paired"][("sera_equalized", "uniform")][4] == stats.paired(
+        w("sera_equalized"), w("uniform"))
+    assert np.isclose(win["mean"][cells.NULL][4], w(cells.NULL).mean())
+    assert win["gate"]["delta"] == study.gate(res, list(c.eval.ks), "t")["delta"]
+    assert set(out["window"]) == {"maze_cell"} and win["steps"] == [4, 6]

@@ -1,0 +1,256 @@
+"""One cell of the allocation lab: methods × paired seeds, its tables and controls.
+
+`run_cell` runs the methods (and with `controls` the null and A/A arms) of one setup on the
+paired seeds; `report_cell` writes its markdown (final pass@k, paired differences, the gate,
+arm − null, the A/A false-positive rate); `report_window` the same paired differences with
+each seed's pass@k averaged over the last evaluation points (`maze_cell.window`,
+`maze_family.window`); `maze_cell_setup`, `maze_family_setup`, `regime_setup` the setups of
+the cells that change the main cell's task or shape. Used by `study`, `sweep` and `regime`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ml_collections
+import numpy as np
+from absl import logging
+
+from sera_jax import methods as methods_lib
+from sera_jax.studies.lab import stats, train
+
+#: Control arms (`run_cell(controls=True)`): the null (uniform with the rewards of each batch
+#: shuffled) and the A/A arm (uniform on another rollout stream).
+NULL, AA = "null", "uniform_aa"
+
+
+def method_for(name: str, threshold: float | None = None) -> methods_lib.Method:
+    """The registered method `name`, with θ = `threshold` when it has a dynamic active set
+    (`rl.allocation.threshold`; None = the preset's θ)."""
+    method = methods_lib.get_method(name)
+    if threshold is not None and "threshold" in method.options:
+        method = methods_lib.resolve(name, {"threshold": float(threshold)})
+    return method
+
+
+def run_cell(method_names: Sequence[str], setup: train.Setup, seed: int, seeds: Sequence[int],
+             laws: Mapping[str, Any], runners: dict | None = None, controls: bool = False,
+             threshold: float | None = None) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+    """results[law][arm] = `train.Runner` output on the paired seeds `seeds` of `seed`.
+
+    Arms: the methods, and with `controls` the null arm `NULL` (uniform, rewards shuffled
+    within each batch) and the A/A arm `AA` (uniform on the other rollout stream: same
+    task, initial policy and data order). Tasks are built once per law and shared by every
+    arm; `runners` caches compiled runners by (method, θ, control, setup without its
+    length), so a shape seen before (another law, another length, the A/A stream) is not
+    compiled again.
+    """
+    runners = {} if runners is None else runners
+    keys = train.seed_keys(seed, seeds)
+    tasks = {law: train.make_tasks(setup, seed, seeds, spec) for law, spec in laws.items()}
+    out: dict[str, dict[str, dict[str, np.ndarray]]] = {law: {} for law in laws}
+    arms = [(n, n, None, 0) for n in method_names]
+    if controls:
+        arms += [(NULL, "uniform", "null", 0), (AA, "uniform", None, 1)]
+    for arm, name, control, stream in arms:
+        method = method_for(name, threshold)
+        cache_key = (name, dict(method.options).get("threshold"), control,
+                     setup.with_(num_steps=setup.eval_every))
+        if cache_key not in runners:
+            runners[cache_key] = train.Runner(method, cache_key[3], control)
+        for law in laws:
+            t0 = time.time()
+            out[law][arm] = runners[cache_key](keys, tasks[law], setup.num_steps, stream)
+            logging.info("lab: %s on %s (%d seeds) in %.1fs", arm, law, keys.shape[0],
+                         time.time() - t0)
+    return out
+
+
+def _final(res: Mapping[str, np.ndarray], split: int, k_index: int) -> np.ndarray:
+    """Per-seed final pass@k (percent)."""
+    return 100.0 * res["pass_at_k"][:, -1, split, k_index]
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def table_final(results, ks, table_ks, split: int) -> str:
+    idx = [ks.index(k) for k in table_ks]
+    head = "| method | " + " | ".join(f"pass@{k}" for k in table_ks) + " |"
+    lines = [head, "|---|" + "---|" * len(idx)]
+    for name, res in results.items():
+        vals = [f"{_final(res, split, i).mean():.2f}" for i in idx]
+        lines.append(f"| {name} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def table_paired(results, ks, table_ks, split: int, reference: str, names, ci: str) -> str:
+    idx = [ks.index(k) for k in table_ks]
+    head = f"| method − {reference} | " + " | ".join(f"Δ pass@{k}" for k in table_ks) + " |"
+    lines = [head, "|---|" + "---|" * len(idx)]
+    for name in names:
+        if name == reference or name not in results:
+            continue
+        cells = [stats.paired(_final(results[name], split, i),
+                              _final(results[reference], split, i), ci).fmt()
+                 for i in idx]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def table_diagnostics(results) -> str:
+    cols = ("cosine", "kappa_mean", "kappa_min", "phat_abs_err", "mixed_frac", "active_frac",
+            "reward_mean")
+    j = [train.STEP_METRICS.index(c) for c in cols]
+    lines = ["| method | " + " | ".join(cols) + " | rollouts std |",
+             "|---|" + "---|" * (len(cols) + 1)]
+    for name, res in results.items():
+        s = res["steps"]
+        vals = [f"{np.nanmean(s[..., i]):.3f}" for i in j]
+        c = res["counts"].astype(np.float64)
+        spread = np.where(c > 0, c, np.nan)
+        vals.append(f"{np.nanmean(np.nanstd(spread, axis=-1)):.2f}")
+        lines.append(f"| {name} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- controls
+
+
+def gate(results, ks: Sequence[int], ci: str) -> dict[str, Any]:
+    """The learning-rate gate: the paired Δ uniform − null of final held-out pass@1 (points);
+    the lr is admissible only if its CI lies above 0 (uniform learns more than noise)."""
+    i = list(ks).index(1)
+    d = stats.paired(_final(results["uniform"], 1, i), _final(results[NULL], 1, i), ci)
+    return {"delta": d, "admissible": bool(d.lo > 0)}
+
+
+def gate_line(g: Mapping[str, Any], lr: float) -> str:
+    verdict = ("ADMISSIBLE (uniform beats the null at pass@1)" if g["admissible"] else
+               "NOT ADMISSIBLE (uniform does not beat the null at pass@1: the comparison "
+               "below measures optimiser noise, not learning)")
+    return f"**Gate, lr {lr}:** uniform − null pass@1 = {g['delta'].fmt()} → {verdict}."
+
+
+def aa_false_positives(results, ci: str, split: int = 1) -> tuple[int, int]:
+    """(cells whose paired CI of uniform_aa − uniform excludes 0, cells), over every k of
+    eval.ks × every evaluation after step 0. The two arms differ only in their rollout key,
+    so every such cell is a false positive (the cells are correlated: a rate, not a test)."""
+    a, b = results[AA]["pass_at_k"], results["uniform"]["pass_at_k"]
+    cells = [(e, i) for e in range(1, a.shape[1]) for i in range(a.shape[3])]
+    sig = sum(stats.paired(100 * a[:, e, split, i], 100 * b[:, e, split, i], ci).significant
+              for e, i in cells)
+    return int(sig), len(cells)
+
+
+def report_cell(results, ks, table_ks, ref: str, names: Sequence[str], ci: str,
+                controls: bool, lr: float, title: str = "") -> tuple[list[str], dict | None]:
+    """Markdown lines of one cell (final pass@k of every arm, paired Δ vs `ref`, and with
+    `controls` the gate, every arm − null and the A/A false-positive rate) and its gate."""
+    lines = [f"## {title}Final held-out pass@k (%)", "", table_final(results, ks, table_ks, 1),
+             "", f"## {title}Paired differences vs {ref} (held-out, points)", "",
+             table_paired(results, ks, table_ks, 1, ref, names, ci), ""]
+    if not controls:
+        return lines, None
+    g = gate(results, ks, ci)
+    sig, cells = aa_false_positives(results, ci)
+    lines += [f"## {title}Controls: gate, null, A/A (held-out, points)", "",
+              "null = uniform with the rewards of each batch shuffled (same lr, budget and "
+              "rollouts); uniform_aa = uniform on another rollout stream (same task, initial "
+              "policy and data order).", "", gate_line(g, lr), "",
+              table_paired(results, ks, table_ks, 1, NULL, list(names) + [AA], ci), "",
+              f"A/A: uniform_aa − uniform has a CI excluding 0 in {sig} of {cells} (k, "
+              f"evaluation) cells ({100 * sig / cells:.1f} %; 5 % if the CIs were nominal and "
+              "the cells independent).", "",
+              table_paired(results, ks, table_ks, 1, "uniform", [AA], ci), ""]
+    return lines, {**g, "aa_false_positives": (sig, cells)}
+
+
+
+def _setup(config: ml_collections.ConfigDict, **changes) -> train.Setup:
+    return train.setup_from_config(config).with_(**changes)
+
+
+def maze_cell_setup(config: ml_collections.ConfigDict) -> train.Setup:
+    mc = config.maze_cell
+    return _setup(config, prompts_per_step=mc.prompts_per_step, n0=mc.rollouts_per_prompt,
+                  n_max=mc.n_max, num_steps=mc.num_steps, eval_every=mc.eval_every)
+
+
+def maze_family_setup(config: ml_collections.ConfigDict) -> train.Setup:
+    mf = config.maze_family
+    return _setup(config, family="maze", maze_size=mf.maze_size, maze_openings=mf.maze_openings,
+                  horizon=mf.horizon, min_path=mf.min_path, init_blocked=mf.init_blocked,
+                  num_train=mf.num_train, num_test=mf.num_test,
+                  prompts_per_step=mf.prompts_per_step, n0=mf.rollouts_per_prompt,
+                  n_max=mf.n_max, num_steps=mf.num_steps, eval_every=mf.eval_every,
+                  aggregation=mf.aggregation,
+                  optimizer=tuple(sorted({**dict(config.rl.optimizer),
+                                          "learning_rate": mf.learning_rate}.items())))
+
+
+def regime_setup(config: ml_collections.ConfigDict, shape: Sequence[int]) -> train.Setup:
+    rg = config.regime
+    p, n0, n_max = shape
+    return _setup(config, prompts_per_step=p, n0=n0, n_max=n_max, num_steps=rg.num_steps,
+                  eval_every=rg.eval_every)
+
+
+
+# ----------------------------------------------------------------------------- window
+
+
+def _window(res: Mapping[str, np.ndarray], split: int, k_index: int, window: int) -> np.ndarray:
+    """Per-seed pass@k (percent) averaged over the last `window` evaluation points."""
+    return 100.0 * res["pass_at_k"][:, -window:, split, k_index].mean(1)
+
+
+def window_pairs(results, names: Sequence[str]) -> list[tuple[str, str]]:
+    """(a, b) for a − b: each method minus each method listed before it in `names`, then each
+    method minus the null (when the null arm ran)."""
+    names = [n for n in names if n in results]
+    pairs = [(b, a) for i, a in enumerate(names) for b in names[i + 1:]]
+    return pairs + ([(n, NULL) for n in names] if NULL in results else [])
+
+
+def report_window(results, steps: Sequence[int], ks, table_ks, names: Sequence[str], ci: str,
+                  window: int, lr: float, title: str = "") -> tuple[list[str], dict[str, Any]]:
+    """Markdown lines and numbers of the window endpoint: each seed's held-out pass@k averaged
+    over the last `window` evaluation points (`steps`: the cell's evaluation steps), per arm,
+    and the paired differences of `window_pairs` with their CIs; with the null arm also the
+    gate (uniform − null at the final pass@1). Returns (lines, {'steps', 'start': {k: mean
+    step-0 pass@k}, 'mean': {arm: {k: mean}}, 'paired': {(a, b): {k: stats.Paired}},
+    'gate'}); the gate is None without the null arm."""
+    idx = {int(k): ks.index(k) for k in table_ks}
+    w_steps = [int(s) for s in steps[-window:]]
+    first = next(iter(results.values()))  # every arm starts from the same policy
+    out: dict[str, Any] = {
+        "steps": w_steps,
+        "start": {k: float(100 * first["pass_at_k"][:, 0, 1, i].mean()) for k, i in idx.items()},
+        "mean": {n: {k: float(_window(r, 1, i, window).mean()) for k, i in idx.items()}
+                 for n, r in results.items()},
+        "paired": {(a, b): {k: stats.paired(_window(results[a], 1, i, window),
+                                            _window(results[b], 1, i, window), ci)
+                            for k, i in idx.items()}
+                   for a, b in window_pairs(results, names)},
+        "gate": None}
+    cols = " | ".join(f"pass@{k}" for k in idx)
+    lines = [f"## {title}Window: held-out pass@k averaged over steps "
+             f"{'/'.join(map(str, w_steps))} (the last {window} evaluations)", "",
+             "Each seed's pass@k is averaged over these evaluation points, then paired over "
+             f"seeds; the gate is at the final step {int(steps[-1])}.", ""]
+    if NULL in results and "uniform" in results and 1 in ks:
+        out["gate"] = gate(results, ks, ci)
+        lines += [gate_line(out["gate"], lr), ""]
+    lines += [f"| arm | {cols} |", "|---|" + "---|" * len(idx),
+              "| start (step 0) | " + " | ".join(f"{v:.2f}" for v in out["start"].values())
+              + " |"]
+    lines += [f"| {n} | " + " | ".join(f"{v:.2f}" for v in m.values()) + " |"
+              for n, m in out["mean"].items()]
+    lines += ["", "| a − b | " + " | ".join(f"Δ pass@{k}" for k in idx) + " |",
+              "|---|" + "---|" * len(idx)]
+    lines += [f"| {a} − {b} | " + " | ".join(p.fmt() for p in d.values()) + " |"
+              for (a, b), d in out["paired"].items()]
+    return lines + [""], out

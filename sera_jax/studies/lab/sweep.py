@@ -1,0 +1,90 @@
+"""The allocation lab's lr sweep (`config.sweep`, configs/allocation_lab/lr_sweep.py): the
+frontier (pass@1 vs pass@K) of each method over an lr grid with the gate per lr, the
+selected lr (admissible, best uniform pass@K) and a θ sensitivity table at it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from sera_jax.studies.lab import stats, train
+from sera_jax.studies.lab.cells import _final, gate, report_cell, run_cell
+
+
+def _mean_ci(x: np.ndarray, ci: str) -> stats.Paired:
+    """The mean of per-seed values with its 95 % interval (a paired CI against 0)."""
+    return stats.paired(x, np.zeros_like(x), ci)
+
+
+def run_sweep(config: ml_collections.ConfigDict, runners: dict
+              ) -> tuple[list[str], list[dict[str, Any]]]:
+    """lr selection and the θ table (`config.sweep`), on the main cell's task and seeds.
+
+    For every lr of `sweep.learning_rates`: `sweep.methods` with the controls; the gate
+    (uniform − null pass@1 > 0); each method's frontier point (final held-out pass@1,
+    pass@K, K = `sweep.frontier_k`, with CIs). The selected lr is the admissible one where
+    uniform's pass@K is best (the baseline tuned on the compared metric); its cell is
+    reported in full (`report_cell`). A SERA point lies
+    above uniform's frontier when its pass@K exceeds uniform's frontier (linear between
+    uniform's points sorted by pass@1, flat beyond them) at its pass@1. Then, at the
+    selected lr, SERA − uniform for every θ of `sweep.thetas` (the active fraction too).
+    """
+    sw, ci = config.sweep, config.report.ci
+    ks = [int(k) for k in config.eval.ks]
+    i1, ik = ks.index(1), ks.index(int(sw.frontier_k))
+    seeds = [int(s) for s in config.compare.seeds]
+    law, base = config.difficulty, train.setup_from_config(config)
+    names = list(sw.methods)
+    rows: list[dict[str, Any]] = []
+    lines = [f"## lr sweep: frontier pass@1 vs pass@{sw.frontier_k} (held-out, %)", "",
+             "| lr | gate: uniform − null pass@1 | " + " | ".join(
+                 f"{n} pass@1 | {n} pass@{sw.frontier_k}" for n in names) + " |",
+             "|---|---|" + "---|---|" * len(names)]
+    opt, by_lr = dict(base.optimizer), {}
+    for lr in sw.learning_rates:
+        setup = base.with_(optimizer=tuple(sorted({**opt, "learning_rate": float(lr)}.items())))
+        res = run_cell(names, setup, config.seed, seeds, {law: law}, runners, True,
+                       config.rl.allocation.threshold)[law]
+        g, by_lr[float(lr)] = gate(res, ks, ci), res
+        row = {"lr": float(lr), "admissible": g["admissible"], "gate": g["delta"]}
+        cells = []
+        for n in names:
+            row[n] = (_mean_ci(_final(res[n], 1, i1), ci), _mean_ci(_final(res[n], 1, ik), ci))
+            cells += [f"{row[n][0].mean:.2f} ± {row[n][0].hi - row[n][0].mean:.2f}",
+                      f"{row[n][1].mean:.2f} ± {row[n][1].hi - row[n][1].mean:.2f}"]
+        rows.append(row)
+        lines.append(f"| {lr} | {g['delta'].fmt()}{'' if g['admissible'] else ' ✗'} | "
+                     + " | ".join(cells) + " |")
+    ok = [r for r in rows if r["admissible"]]
+    lines.append("")
+    if not ok:
+        lines += ["No lr of the grid is admissible (✗: uniform does not beat the null).", ""]
+        return lines, rows
+    best = max(ok, key=lambda r: r["uniform"][1].mean)
+    lines.append(f"Selected lr (admissible, best uniform pass@{sw.frontier_k}): "
+                 f"**{best['lr']}**.")
+    front = sorted((r["uniform"][0].mean, r["uniform"][1].mean) for r in rows)
+    for n in (m for m in names if m != "uniform"):
+        above = [float(r[n][1].mean) > float(np.interp(r[n][0].mean, *zip(*front)))
+                 for r in rows]
+        lines.append(f"{n}: {sum(above)} of {len(rows)} points above uniform's frontier.")
+    lines += [""] + report_cell(by_lr[best["lr"]], ks, list(config.report.table_ks), "uniform",
+                                names, ci, True, best["lr"], f"Selected lr {best['lr']}: ")[0]
+    lines += [f"## θ sensitivity at lr {best['lr']} (held-out, points, vs uniform)", "",
+              "| θ | active fraction | " + " | ".join(
+                  f"Δ pass@{k}" for k in config.report.table_ks) + " |",
+              "|---|---|" + "---|" * len(config.report.table_ks)]
+    setup = base.with_(optimizer=tuple(sorted({**opt, "learning_rate": best["lr"]}.items())))
+    uni = run_cell(["uniform"], setup, config.seed, seeds, {law: law}, runners)[law]
+    for th in sw.thetas:
+        res = run_cell(["sera"], setup, config.seed, seeds, {law: law}, runners,
+                       threshold=float(th))[law]
+        act = res["sera"]["steps"][..., train.STEP_METRICS.index("active_frac")].mean()
+        cells = [stats.paired(_final(res["sera"], 1, ks.index(k)),
+                              _final(uni["uniform"], 1, ks.index(k)), ci).fmt()
+                 for k in config.report.table_ks]
+        lines.append(f"| {th} | {act:.2f} | " + " | ".join(cells) + " |")
+    return lines + [""], rows
