@@ -30,6 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.log_every = 1
     c.sft.checkpoint_every = 0
     c.rl.num_steps = 3
+    c.rl.optimizer.learning_rate = 3e-5  # the tests' runs must move in 3 steps
     c.rl.prompts_per_step = 2
     c.rl.rollouts_per_prompt = 8
     c.rl.allocation.n_min = 2
