@@ -261,6 +261,9 @@ def plot_frontier(out: dict[str, Any], path: str) -> str:
         for (lr, _), xi, yi in zip(rows, x, y, strict=True):
             ax.annotate(f"{lr:g}", (xi, yi), fontsize=6, xytext=(3, 3),
                         textcoords="offset points")
+    # Percentages: a 2-seed t interval can reach far past [0, 100]; keep the points readable.
+    ax.set_xlim(left=0)
+    ax.set_ylim(0, 100)
     ax.set_xlabel("held-out pass@1 (%)")
     ax.set_ylabel(f"held-out {key} (%)")
     ax.set_title(f"lr frontier (last {out['window']} points; 95 % t over seeds)")

@@ -96,7 +96,8 @@ def test_cpu_docstring_states_what_the_code_runs():
                   f"P {c.rl.prompts_per_step} x N0 {c.rl.rollouts_per_prompt} = {budget}",
                   f"SFT {c.sft.num_steps} x {c.sft.batch_size}",
                   f"n_max {c.rl.allocation.n_max} = 8·N0",
-                  "lr " + f"{c.rl.optimizer.learning_rate:.0e}".replace("e-0", "e-") + ", from the pilot",
+                  "lr " + f"{c.rl.optimizer.learning_rate:.0e}".replace("e-0", "e-")
+                  + ", from the pilot",
                   f"held-out pass@{p.k}, averaged over the last {p.window}",
                   f"micro-batches of {c.rl.micro_batch_size} rows",
                   f"{c.eval.train_prompts and 'Gate: uniform − null at held-out pass@1'}"):
