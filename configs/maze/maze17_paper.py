@@ -58,6 +58,11 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.compare.methods = ("uniform", "sera")
     c.compare.seeds = (0, 1, 2)
+    # lr frontier around the published lr (`--stage=frontier`; it also needs a
+    # compare.primary, as configs/maze/cpu.py sets, for its metric and window).
+    c.frontier = ml_collections.ConfigDict(dict(
+        learning_rates=(3e-5, 1e-4, 3e-4), methods=("uniform", "sera"), seeds=(0, 1, 2),
+        null=True, null_seeds=(0, 1)))
 
     c.eval.num_samples = 2048
     c.eval.curve_samples = 256
