@@ -34,7 +34,7 @@ from sera_jax.studies import common
 from sera_jax.studies import compare as cmp
 from sera_jax.studies.maze.report import aggregate
 from sera_jax.studies.maze.setup import NULL, arms, validate
-from sera_jax.studies.maze.stages import stage_rl
+from sera_jax.studies.maze.stages import run_plan
 
 
 def frontier_learning_rates(cfg: ml_collections.ConfigDict) -> list[float]:
@@ -143,13 +143,7 @@ def stage_frontier(cfg: ml_collections.ConfigDict, workdir: str, mesh=None,
         ccfg = lr_config(cfg, lr)
         cdir = lr_dir(cfg, workdir, lr)
         t0 = time.perf_counter()
-        plan = arms(ccfg, methods, all_seeds)
-        for seed in sorted({s for _, ss in plan for s in ss}):
-            if only is not None and seed not in only:
-                continue
-            for arm, arm_seeds in plan:
-                if seed in arm_seeds:
-                    stage_rl(ccfg, cdir, arm, seed, mesh, sft_dir=sft_dir)
+        run_plan(ccfg, cdir, arms(ccfg, methods, all_seeds), mesh, only=only, sft_dir=sft_dir)
         results_dir = os.path.join(workdir, "frontier", f"lr{lr:g}", "results")
         table = aggregate(ccfg, cdir, methods, all_seeds, sft_dir=sft_dir, mesh=mesh,
                           plots=False, results_dir=results_dir)

@@ -164,3 +164,18 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
         stop_after=stop_after)
     log_timing(workdir, f"rl/{method}/seed{seed}", result.seconds)
     return result
+
+
+def run_plan(cfg: ml_collections.ConfigDict, workdir: str, plan: list[tuple[str, list[int]]],
+             mesh=None, *, only: set[int] | None = None, sft_dir: str | None = None,
+             resolved: dict[str, methods_lib.Method] | None = None) -> None:
+    """Every (arm, seed) run of `plan` (`setup.rl_plan` / `setup.arms`), seed-major so a
+    killed comparison leaves complete pairs behind; `only`: run just these seeds (one
+    process per core); `resolved`: each arm's `Method` from `validate`."""
+    for seed in sorted({s for _, ss in plan for s in ss}):
+        if only is not None and seed not in only:
+            continue
+        for arm, arm_seeds in plan:
+            if seed in arm_seeds:
+                stage_rl(cfg, workdir, arm, seed, mesh, sft_dir=sft_dir,
+                         resolved=(resolved or {}).get(arm))

@@ -26,7 +26,7 @@ from sera_jax.studies.maze.setup import (
     rl_plan,
     validate,
 )
-from sera_jax.studies.maze.stages import stage_rl, stage_sft
+from sera_jax.studies.maze.stages import run_plan, stage_sft
 
 
 def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
@@ -70,12 +70,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     if stage in ("rl", "all", "compare"):
         if cfg.compare.get("primary") is not None:
             preregister(cfg, workdir)  # the primary endpoint, fixed before any RL run
-        plan = rl_plan(cfg, methods, seeds, explicit)
-        # Seed-major: a killed comparison leaves complete pairs behind.
-        for seed in sorted({s for _, ss in plan for s in ss}):
-            for arm, arm_seeds in plan:
-                if seed in arm_seeds:
-                    stage_rl(cfg, workdir, arm, seed, mesh, resolved=resolved[arm])
+        run_plan(cfg, workdir, rl_plan(cfg, methods, seeds, explicit), mesh,
+                 resolved=resolved)
     if stage in ("eval", "all", "compare"):
         table = aggregate(cfg, workdir, methods, seeds, mesh=mesh)
         logging.info("\n%s", comparison_markdown(table))
