@@ -20,6 +20,8 @@ from sera_jax.models.configs import CACHE_DTYPE_HELP, CACHE_DTYPE_NAMES
 from sera_jax.validation import check, is_bool, is_int, is_number
 
 UNSEEN_POLICIES = ("fill", "fallback")
+#: `max_rounds` of dynamic sampling by default (tunix's `SeraOptions.max_rounds` too).
+DEFAULT_MAX_ROUNDS = 4
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -89,6 +91,11 @@ def get_config() -> ml_collections.ConfigDict:
     # of one prompt + completion forward per row; micro-batches are then contiguous row
     # blocks (so they hold few prompts). Same loss and gradient up to float summation order.
     c.share_prompt_prefix = False
+    # DAPO dynamic sampling (methods with `dynamic_sampling`, `sera_jax.rl.dynamic`): at most
+    # this many generation rounds of P prompts per step until the B rows hold informative
+    # groups (1 = filter only: all-equal groups become weight-0 padding rows); tunix's
+    # `SeraOptions.max_rounds`. In the fingerprint of dynamic-sampling methods only.
+    c.max_rounds = DEFAULT_MAX_ROUNDS
 
     # Sampling (sera_jax.sampling.SamplingConfig); lengths come from the task.
     c.sampling = ml_collections.ConfigDict()
@@ -128,9 +135,15 @@ FINGERPRINT_OMIT = ("async_checkpoint",)
 #: started, and at the default they change nothing, so those runs keep their fingerprints.
 FINGERPRINT_DEFAULTS = {"sampling.kv_cache_dtype": "", "skip_zero_advantage": False,
                         "train_length_bucket": 0, "share_prompt_prefix": False,
+                        "max_rounds": DEFAULT_MAX_ROUNDS,
                         **{f"optimizer.{k}": optim.DEFAULTS[k] for k in (
                             "name", "schedule", "warmup_steps", "momentum",
                             "weight_decay_mask")}}
+
+
+#: Fields that only a dynamic-sampling method reads: in its fingerprint always (at any value),
+#: never in another method's.
+DYNAMIC_SAMPLING_FIELDS = ("max_rounds",)
 
 
 #: Method options the fingerprint keeps in the `allocation` block (where runs recorded them
@@ -145,9 +158,10 @@ def fingerprint(config: ml_collections.ConfigDict, method: methods_lib.Method) -
     resolved method recorded in it (`method` = its name, `allocation.name` = its allocator,
     `allocation.{mode,rounding,threshold}` = its options, `allocation.multiplicity`,
     `estimator`; its other options under `allocation.options`), without `FINGERPRINT_OMIT`
-    and the `FINGERPRINT_DEFAULTS` fields at their default. The same dict as runs recorded
-    when the resolved method was written into their config, so their fingerprints hold.
-    `config` itself is not changed."""
+    and the `FINGERPRINT_DEFAULTS` fields at their default; `DYNAMIC_SAMPLING_FIELDS` only
+    for a dynamic-sampling method (and `dynamic_sampling: True`). The same dict as runs
+    recorded when the resolved method was written into their config, so their fingerprints
+    hold. `config` itself is not changed."""
     d = config.to_dict()
     m = method.to_dict()
     a = d["allocation"]
@@ -157,10 +171,17 @@ def fingerprint(config: ml_collections.ConfigDict, method: methods_lib.Method) -
     extra = {k: v for k, v in m["options"].items() if k not in _LEGACY_OPTIONS}
     if extra:
         a["options"] = extra
+    defaults = FINGERPRINT_DEFAULTS
     if m.get("dynamic_sampling"):
         d["dynamic_sampling"] = True
+        for key in DYNAMIC_SAMPLING_FIELDS:
+            d[key] = config.get(key, FINGERPRINT_DEFAULTS[key])
+        defaults = {k: v for k, v in defaults.items() if k not in DYNAMIC_SAMPLING_FIELDS}
+    else:
+        for key in DYNAMIC_SAMPLING_FIELDS:
+            d.pop(key, None)
     a["multiplicity"], d["estimator"] = m["multiplicity"], m["estimator"]
-    return trim_fields(d, FINGERPRINT_OMIT, FINGERPRINT_DEFAULTS)
+    return trim_fields(d, FINGERPRINT_OMIT, defaults)
 
 
 def method_overrides(config: ml_collections.ConfigDict) -> dict:
@@ -194,14 +215,11 @@ _resolve = method  # `validate` takes a `method` argument, which shadows the fun
 
 
 def check_trainable(method: methods_lib.Method) -> None:
-    """ValueError unless the LM trainer can run `method` (a one-shot allocation, no dynamic
-    sampling)."""
+    """ValueError unless the LM trainer can run `method`: a one-shot allocation (DAPO
+    dynamic sampling included: `sera_jax.rl.dynamic`)."""
     check(not method.two_stage, "method", method.name,
           "a method the LM trainer can run: this one allocates from in-step pilot rollouts "
           "(the allocation lab runs it)")
-    check(not method.dynamic_sampling, "method", method.name,
-          "a method the LM trainer can run: this one needs DAPO dynamic sampling "
-          "(sera_jax.integrations.tunix runs it)")
 
 
 def for_method(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
@@ -252,6 +270,9 @@ def validate(config: ml_collections.ConfigDict, method: methods_lib.Method | Non
            c.get("skip_zero_advantage"), "True or False")
     check(is_bool(c.get("share_prompt_prefix", False)), "share_prompt_prefix",
            c.get("share_prompt_prefix"), "True or False")
+    rounds = c.get("max_rounds", DEFAULT_MAX_ROUNDS)
+    check(is_int(rounds) and rounds >= 1, "max_rounds", rounds, "an integer >= 1 (generation "
+          "rounds per step of a dynamic-sampling method; 1 = filter only)")
     check(is_int(c.get("train_length_bucket", 0)) and c.get("train_length_bucket", 0) >= 0,
            "train_length_bucket", c.get("train_length_bucket"),
            "an integer >= 0 (0 = the static max_new_tokens width)")

@@ -23,6 +23,9 @@ ratio 1, no KL, no entropy bonus):
    rows into the first micro-batches), one AdamW update (global-norm clip);
 8. `history.update_from_rollouts` (pending until the next epoch), metrics.
 
+A method with DAPO dynamic sampling repeats 1-6 in rounds until its B rows hold informative
+groups, updating the history per round (`sera_jax.rl.dynamic`).
+
 The trainable state is an explicit pytree (`TrainState`: params, optimiser state, history,
 PRNG key, step, data position), checkpointed as a whole; `RLProgram` runs it on the one
 training loop (`sera_jax.loop.run`), which resumes from the latest checkpoint of a run
@@ -63,6 +66,7 @@ from sera_jax.loop import guarded_update
 from sera_jax.methods import Method
 from sera_jax.models.logprobs import shared_prefix_logprobs, token_logprobs
 from sera_jax.rl import config as config_lib
+from sera_jax.rl import dynamic
 from sera_jax.rl.data import epoch_permutation, next_prompt_ids
 from sera_jax.rl.state import PrefixBatch, RolloutBatch, Rollouts, TrainState
 from sera_jax.sampling import (
@@ -457,15 +461,25 @@ class Trainer:
     def collect(self, state: TrainState) -> tuple[Rollouts, history_lib.SuccessHistory, Any]:
         """Steps 1-6 of the module docstring: choose prompts, allocate, sample, score and
         compute advantages/weights. Returns the host record, the history after any epoch
-        start, and the PRNG key to carry on."""
-        c, task = self.config, self.task
+        start, and the PRNG key to carry on. A dynamic-sampling method draws rounds until
+        its batch is full (`rl.dynamic.collect`; the history then holds every round)."""
+        if self.method.dynamic_sampling:
+            return dynamic.collect(self, state)
         epoch, cursor = int(shd.to_host(state.epoch)), int(shd.to_host(state.cursor))
         ids, epoch, cursor, started = next_prompt_ids(
-            c.seed, self.num_prompts, self.batch_prompts, epoch, cursor)
+            self.config.seed, self.num_prompts, self.batch_prompts, epoch, cursor)
         history = state.history
         for _ in range(started):
             history = history_lib.start_epoch(history)
+        key = jax.random.wrap_key_data(jnp.asarray(shd.to_host(state.key)))
+        key, sample_key = jax.random.split(key)
+        return self.collect_round(state, history, ids, epoch, cursor, sample_key), history, key
 
+    def collect_round(self, state: TrainState, history: history_lib.SuccessHistory,
+                      ids: np.ndarray, epoch: int, cursor: int, sample_key: jax.Array
+                      ) -> Rollouts:
+        """Steps 2-6 for the P prompts `ids` (data position after them: epoch, cursor)."""
+        c, task = self.config, self.task
         # Allocate on host values: identical on every process, validated before any jit.
         p_hat = shd.to_host(history_lib.lookup(history, jnp.asarray(ids)))
         a = c.allocation
@@ -478,8 +492,6 @@ class Trainer:
                                   int(task.max_prompt_len), int(task.pad_id))
         rows, rows_mask = prompts[segment_ids], pmask[segment_ids]  # prompt q, N_q times
 
-        key = jax.random.wrap_key_data(jnp.asarray(shd.to_host(state.key)))
-        key, sample_key = jax.random.split(key)
         t_sample = time.perf_counter()
         out = self.sample(state, prompts, pmask, segment_ids, sample_key)
         tokens, lengths, truncated = out.tokens, out.lengths, out.truncated
@@ -498,14 +510,13 @@ class Trainer:
             rewards = shuffle_rewards(rewards, sample_key)
         advantages, weights = (shd.to_host(x) for x in objective.rollout_coefficients(
             rewards, plan, self.method.estimator))
-        rollouts = Rollouts(
+        return Rollouts(
             prompt_ids=ids, p_hat=p_hat, counts=counts, prompt_weights=plan.prompt_weights,
             segment_ids=segment_ids.astype(np.int32), prompt_tokens=rows,
             prompt_mask=rows_mask, completion_tokens=tokens, lengths=lengths,
             truncated=truncated, rewards=rewards, advantages=advantages.astype(np.float32),
             weights=weights.astype(np.float32), epoch=epoch, cursor=cursor,
             sample_time=t_sample, score_time=t_score)
-        return rollouts, history, key
 
     def device_batch(self, rollouts: Rollouts) -> RolloutBatch | PrefixBatch:
         """The rollouts as a `RolloutBatch` of global arrays on the batch sharding: the
@@ -528,7 +539,8 @@ class Trainer:
             r.segment_ids, r.live, self.micro, self.config.get("skip_zero_advantage", False),
             min(self.micro, self.batch_prompts))
         m = self.budget // self.micro
-        some_row = np.zeros(self.batch_prompts, np.int64)  # any row of prompt q holds it
+        some_row = np.zeros(max(self.batch_prompts, int(r.segment_ids.max()) + 1),
+                            np.int64)  # any row of prompt q holds it
         some_row[r.segment_ids] = np.arange(self.budget)
         prompt_rows = some_row[slots]  # [M, S]
         micro = lambda x: x[order].reshape(m, self.micro, *x.shape[1:])  # noqa: E731
@@ -577,9 +589,10 @@ class Trainer:
         # for the whole update: the end of the train phase.
         train_metrics = {k: float(shd.to_host(v)) for k, v in train_metrics.items()}
         t_train = time.perf_counter() - t_train
-        history = history_lib.update_from_rollouts(
-            history, jnp.asarray(rollouts.prompt_ids), jnp.asarray(rollouts.segment_ids),
-            jnp.asarray(rollouts.rewards))
+        if not self.method.dynamic_sampling:  # (dynamic sampling: updated per round)
+            history = history_lib.update_from_rollouts(
+                history, jnp.asarray(rollouts.prompt_ids), jnp.asarray(rollouts.segment_ids),
+                jnp.asarray(rollouts.rewards))
         new_state = TrainState(
             params=params, opt_state=opt_state,
             history=shd.replicate(jax.tree.map(shd.to_host, history), self.mesh),
@@ -587,7 +600,8 @@ class Trainer:
                                  step=np.int32(shd.to_host(state.step) + 1),
                                  epoch=np.int32(rollouts.epoch),
                                  cursor=np.int32(rollouts.cursor)), self.mesh))
-        metrics = self._metrics(rollouts)
+        metrics = (dynamic.metrics(self, rollouts) if self.method.dynamic_sampling
+                   else self._metrics(rollouts))
         metrics.update(train_metrics)
         metrics.update(epoch=float(rollouts.epoch), step_time=time.perf_counter() - t0,
                        sample_time=rollouts.sample_time, score_time=rollouts.score_time,
@@ -600,7 +614,7 @@ class Trainer:
         p_hat, counts, segment_ids, rewards = r.p_hat, r.counts, r.segment_ids, r.rewards
         lengths, truncated = r.lengths, r.truncated
         active = counts > 0
-        successes = np.bincount(segment_ids, weights=rewards, minlength=self.batch_prompts)
+        successes = np.bincount(segment_ids, weights=rewards, minlength=len(counts))
         mixed = active & (successes > 0) & (successes < counts)
         act_counts = counts[active].astype(np.float64)
         seen = active & np.isfinite(p_hat)
@@ -621,6 +635,7 @@ class Trainer:
             "rollouts_std": float(act_counts.std()),
             "kappa_min": kappa_min,
             "kappa_mean": kappa_mean,
+            "generated_rollouts": float(len(rewards)),
             "generated_tokens": float(lengths.sum()),
             "truncated_fraction": float(truncated.mean()),
             # Rows whose loss coefficient w_r A_r is non-zero (all-fail / all-success groups

@@ -303,18 +303,27 @@ def cached_json(path: str, fingerprint: Mapping[str, Any], compute: Callable[[],
 
 
 class RolloutCounter:
-    """Hooks that add cumulative `rollouts` and generated `tokens` to every train record
-    (recounted from the records kept after a resume)."""
+    """Hooks that add cumulative generated `rollouts` and `tokens` to every train record
+    (recounted from the records kept after a resume). Rollouts are the generated ones
+    (`generated_rollouts`: with DAPO dynamic sampling every round's, more than the budget B),
+    so runs compare at matched generation cost; a record without the field counts B."""
 
     def __init__(self, run_dir: str, budget: int):
-        self.path, self.budget, self.tokens = os.path.join(run_dir, loop.TRAIN_RECORDS), budget, 0
+        self.path, self.budget = os.path.join(run_dir, loop.TRAIN_RECORDS), budget
+        self.tokens = self.rollouts = 0
+
+    def _generated(self, metrics: Mapping[str, Any]) -> int:
+        return int(metrics.get("generated_rollouts", self.budget))
 
     def on_start(self, step: int, state: Any) -> None:
-        self.tokens = sum(r["generated_tokens"] for r in read_jsonl(self.path))
+        records = read_jsonl(self.path)
+        self.tokens = sum(r["generated_tokens"] for r in records)
+        self.rollouts = sum(self._generated(r) for r in records)
 
     def record(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         self.tokens += metrics["generated_tokens"]
-        return {"rollouts": step * self.budget, "tokens": self.tokens}
+        self.rollouts += self._generated(metrics)
+        return {"rollouts": self.rollouts, "tokens": self.tokens}
 
 
 def append_eval(run_dir: str, record: Mapping[str, Any]) -> None:

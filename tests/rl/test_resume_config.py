@@ -94,6 +94,7 @@ def test_a_given_method_must_match_the_configs_name():
 
 
 def test_methods_the_lm_trainer_cannot_run_are_refused_by_name():
-    for name, match in (("sera_sequential", "in-step pilot"), ("dapo", "dynamic sampling")):
-        with pytest.raises(ValueError, match=match):
-            config_lib.validate(config_lib.for_method(config_lib.get_config(), name))
+    with pytest.raises(ValueError, match="in-step pilot"):
+        config_lib.validate(config_lib.for_method(config_lib.get_config(), "sera_sequential"))
+    # DAPO dynamic sampling runs (sera_jax.rl.dynamic).
+    assert config_lib.validate(config_lib.for_method(config_lib.get_config(), "dapo"))
