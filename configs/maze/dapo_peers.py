@@ -13,7 +13,8 @@ uniform on held-out pass@64 over the last 3 evaluation points (steps 200/300/400
 95 % t interval; everything else is secondary. Exploratory: 3 seeds, no null or A/A arm
 here (the default comparison's null gate at this lr and seeds is in docs/results_maze.md).
 
-    W=workdir/maze_dapo; M="python -m experiments.maze --config=configs/maze/dapo_peers.py --workdir=$W"
+    W=workdir/maze_dapo
+    M="python -m experiments.maze --config=configs/maze/dapo_peers.py --workdir=$W"
     $M --stage=sft && (taskset -c 0 $M --stage=rl --seeds=0,2 & \
         taskset -c 1 $M --stage=rl --seeds=1 & wait) && $M --stage=eval
 """
