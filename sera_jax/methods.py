@@ -51,7 +51,8 @@ class Method:
     ablation w_q = 1 on active prompts); estimator: key of
     `sera_jax.estimators.ADVANTAGE_ESTIMATORS`; dynamic_sampling: DAPO's over-sample, drop
     all-equal groups, refill (`sera_jax.dynamic_sampling`), after the allocation; applied
-    by `sera_jax.integrations.tunix` (callers without it must refuse such a method).
+    by `sera_jax.integrations.tunix`, the LM trainer (`sera_jax.rl.dynamic`) and the
+    allocation lab (`sera_jax.studies.lab.dynamic`); other callers must refuse such a method.
     """
 
     name: str
