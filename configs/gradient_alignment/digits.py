@@ -46,6 +46,10 @@ def get_config() -> ml_collections.ConfigDict:
     # Measure mode: cross-entropy training up to each snapshot (measure.stage_steps).
     c.sft = ml_collections.ConfigDict()
     c.sft.batch_size = 128  # images per CE step
+    # Train in float64 (the snapshots are rounded to float32 for the measurement): float32 CE
+    # training amplifies rounding differences, so another processor's XLA kernels gave
+    # another well-trained model (docs/results_alignment.md, "Reproducibility"). ~+15 s.
+    c.sft.dtype = "float64"
     c.sft.optimizer = ml_collections.ConfigDict(sgd)
 
     # Train mode: RL with the allocated MaxRL loss of one method (one-step rollouts).

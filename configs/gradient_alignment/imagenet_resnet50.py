@@ -58,6 +58,9 @@ def get_config() -> ml_collections.ConfigDict:
     # Measure mode: cross-entropy training up to each snapshot (measure.stage_steps).
     c.sft = ml_collections.ConfigDict()
     c.sft.batch_size = _BATCH  # images per CE step
+    # "float64" makes the snapshots reproducible across processors (as the digits default),
+    # at float64's cost on an accelerator; the snapshots are measured in model.dtype.
+    c.sft.dtype = "float32"
     c.sft.optimizer = ml_collections.ConfigDict(sgd)
 
     # Train mode: RL with the allocated MaxRL loss of one method (one-step rollouts).

@@ -6,8 +6,9 @@ running averages and changes no state. Passing the flag per call (instead of fli
 module attribute) keeps one graph definition for both modes, so a functional caller can
 `nnx.split` once and `nnx.merge` under `jax.jit` with either mode.
 
-Logits are returned in float32 whatever the compute dtype: the one-step-RL study takes
-softmax probabilities down to 1e-300 from them (in float64 on the host).
+Logits are returned in float32 (float64 for a float64 model, the alignment study's CE
+training: nothing in its step rounds to float32) whatever the compute dtype: the one-step-RL
+study takes softmax probabilities down to 1e-300 from them (in float64 on the host).
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class _Block(nnx.Module):
 
 class ResNet(nnx.Module):
     """`logits = model(images, train=...)`: images float `[B, H, W, C]` (NHWC), logits
-    float32 `[B, num_classes]`."""
+    float32 `[B, num_classes]` (float64 for a float64 model)."""
 
     def __init__(self, cfg: ResNetConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -161,7 +162,7 @@ class ResNet(nnx.Module):
         for blk in self.blocks:
             x = blk(x, train=train)
         x = jnp.mean(x, axis=(1, 2))
-        return self.head(x).astype(jnp.float32)
+        return self.head(x).astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
 def make_resnet(cfg: ResNetConfig, seed: int = 0) -> ResNet:

@@ -24,6 +24,7 @@ axes (`sera_jax.sharding`), parameters are replicated, and `jax.jit` partitions 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import functools
@@ -76,8 +77,9 @@ CSV_COLUMNS = ("stage", "stage_step", "budget", "method", "draw", "seed", "cosin
 # ----------------------------------------------------------------------------- set-up
 
 
-def build_model(config: ml_collections.ConfigDict) -> resnet.ResNet:
-    """The ResNet named by `config.model.name` (a key of `resnet.CONFIGS`)."""
+def build_model(config: ml_collections.ConfigDict, dtype: str | None = None) -> resnet.ResNet:
+    """The ResNet named by `config.model.name` (a key of `resnet.CONFIGS`), computing in
+    `dtype` (default `config.model.dtype`); its parameters are float32 either way."""
     m = config.model
     if m.name not in resnet.CONFIGS:
         raise ValueError(f"config.model.name={m.name!r}; allowed {sorted(resnet.CONFIGS)}")
@@ -85,8 +87,9 @@ def build_model(config: ml_collections.ConfigDict) -> resnet.ResNet:
     if m.name == "digits_resnet":
         kwargs.update(width=m.get("width", 16), stage_sizes=tuple(m.get("stage_sizes", (1, 1, 1))))
     cfg = resnet.CONFIGS[m.name](**kwargs)
-    if m.get("dtype", "float32") != cfg.dtype:
-        cfg = dataclasses.replace(cfg, dtype=m.dtype)
+    dtype = dtype or m.get("dtype", "float32")
+    if dtype != cfg.dtype:
+        cfg = dataclasses.replace(cfg, dtype=dtype)
     return resnet.make_resnet(cfg, seed=config.seed)
 
 
@@ -185,6 +188,66 @@ def _train_ce(steps: Steps, state: TrainState, batches: Iterator, mesh, num_step
     return state
 
 
+#: Dtypes of measure mode's CE training (`config.sft.dtype`).
+SFT_DTYPES = ("float32", "float64")
+
+
+def _sft_dtype(config: ml_collections.ConfigDict) -> str:
+    return config.sft.get("dtype", "float32")
+
+
+def _cast_like(tree: Any, dtype: Any = None, like: Any = None) -> Any:
+    """Floating leaves of `tree` cast to `dtype`, or to the dtypes of `like`'s leaves."""
+    if like is not None:
+        return jax.tree.map(lambda x, r: x.astype(r.dtype), tree, like)
+    return jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def ce_snapshots(config: ml_collections.ConfigDict, source: DataSource, mesh
+                 ) -> Iterator[tuple[Any, Any, Any]]:
+    """Measure mode's CE training (`config.sft`), snapshot by snapshot: for each step of
+    `config.measure.stage_steps`, `(graphdef, params, batch_stats)` of the measured model
+    (`config.model`: its compute dtype, float32 parameters and statistics).
+
+    `config.sft.dtype = "float64"` trains in float64 -- parameters, BatchNorm statistics,
+    optimiser state and compute, under `jax.enable_x64` for the training segments only --
+    from the float32 initial parameters, and rounds every snapshot to float32. Why: CE
+    training amplifies rounding differences, and XLA's CPU kernels round differently on
+    different processors. Two float32 runs of the digits default whose parameters start one
+    ulp apart have logits up to 1.2 apart after 100 of the 300 steps (1 − p of an image
+    moves by a median 18 %, so the well-trained stage is another model, with other
+    allocations and other rollout failures: its cells moved by up to 2 se). In float64 the
+    same experiment ends ~1e-14 apart, and with the parameters nudged by a float64 ulp before
+    every step the float32 snapshots are bit-identical
+    (`tests/studies/alignment/test_reproducible.py`; docs/results_alignment.md). "float32"
+    trains the measured model as it is (`config.model.dtype` compute).
+    """
+    dtype = _sft_dtype(config)
+    total = _ce_steps(config)
+    tx = optim.make_optimizer(_capped(config.sft.optimizer, total), total)
+    graphdef, params, batch_stats = resnet.split_model(build_model(config))
+    train_graphdef = graphdef
+    if dtype != "float32":
+        train_graphdef, _, _ = resnet.split_model(build_model(config, dtype))
+    x64 = functools.partial(jax.enable_x64, True) if dtype == "float64" else (
+        contextlib.nullcontext)
+    with x64():
+        p0, s0 = _cast_like(params, dtype), _cast_like(batch_stats, dtype)
+        state = sharding.replicate(TrainState(params=p0, batch_stats=s0, opt_state=tx.init(p0),
+                                              step=jnp.zeros((), jnp.int32)), mesh)
+    steps = Steps(train_graphdef, tx)
+    batches = source.train(config.seed)
+    done = 0
+    for step in (int(s) for s in config.measure.stage_steps):
+        with x64():  # the training segment only: nothing after the yield runs under x64
+            state = _train_ce(steps, state, batches, mesh, step - done)
+            snap = (_cast_like(state.params, like=params),
+                    _cast_like(state.batch_stats, like=batch_stats))
+        done = step
+        yield (graphdef,) + snap
+
+
 # ----------------------------------------------------------------------------- measure
 
 
@@ -251,26 +314,18 @@ def run_measure(config: ml_collections.ConfigDict, workdir: str) -> dict[str, An
     _check_divisible("config.sft.batch_size", config.sft.batch_size, mesh)
     _check_divisible("config.measure.prompts_per_step", ms.prompts_per_step, mesh)
     source = DataSource(config, config.sft.batch_size)
-    model = build_model(config)
-    total = _ce_steps(config)
-    tx = optim.make_optimizer(_capped(config.sft.optimizer, total), total)
-    graphdef, state = init_state(model, tx)
-    state = sharding.replicate(state, mesh)
-    steps = Steps(graphdef, tx)
     batch = source.measure(ms.prompts_per_step, ms.split, config.seed)
     images, labels = (sharding.shard_batch(batch["image"], mesh),
                       sharding.shard_batch(batch["label"], mesh))
     writer = _writer(workdir)
-    train_it = source.train(config.seed)
     rows: list[dict[str, Any]] = []
     stage_info = []
     key = jax.random.key(config.seed)
-    done, n_units, n_total = 0, 0, len(stage_steps) * len(budgets)
-    for si, (stage, step) in enumerate(zip(stage_names, stage_steps)):
-        state = _train_ce(steps, state, train_it, mesh, step - done)
-        done = step
-        logits, vjp_fn = _linearize_fn(graphdef, ms.bn_train)(state.params,
-                                                              state.batch_stats, images)
+    n_units, n_total = 0, len(stage_steps) * len(budgets)
+    snapshots = ce_snapshots(config, source, mesh)
+    for si, (stage, step, (graphdef, params, batch_stats)) in enumerate(
+            zip(stage_names, stage_steps, snapshots)):
+        logits, vjp_fn = _linearize_fn(graphdef, ms.bn_train)(params, batch_stats, images)
         logits_host = np.asarray(jax.device_get(logits))
         p = alignment.success_probs(logits_host, batch["label"])
         stage_info.append({
@@ -627,6 +682,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
           "integers >= 1 (unroll, cot_chunk)")
         c(pos(config.sft.batch_size), "sft.batch_size", config.sft.batch_size,
           "an integer >= 1")
+        c(_sft_dtype(config) in SFT_DTYPES, "sft.dtype", _sft_dtype(config),
+          " or ".join(repr(d) for d in SFT_DTYPES))
         optimizer("sft", _ce_steps(config))
     else:
         tr = config.rl

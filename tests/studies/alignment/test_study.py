@@ -82,6 +82,7 @@ def test_validation_before_any_work(tmp_path):
             ("sft.optimizer.learning_rate", -1.0, "sft.optimizer.learning_rate"),
             ("sft.optimizer.learning_rate", float("inf"), "sft.optimizer.learning_rate"),
             ("sft.optimizer.warmup_steps", -1, "sft.optimizer.warmup_steps"),
+            ("sft.dtype", "float16", "sft.dtype"),
             ("rl.allocation.n_min", 1, "rl.allocation.n_min"),
             ("rl.allocation.threshold", 1.5, "rl.allocation.threshold"),
             ("rl.mesh.data", 0, "rl.mesh.data"),
