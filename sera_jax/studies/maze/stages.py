@@ -139,7 +139,8 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
         policy = trainer.model(state)
         n = cfg.eval.num_samples if final else cfg.eval.curve_samples
         ev = evaluate_policy(policy, task, cfg, n, step, mesh)
-        where = {"rollouts": step * trainer.budget, "tokens": counter.tokens}
+        # Generated rollouts so far (DAPO generates more than the budget B per step).
+        where = {"rollouts": counter.rollouts, "tokens": counter.tokens}
         if final and cfg.eval.curve_samples != cfg.eval.num_samples:
             # The curve keeps one sample size; the final point is also measured so.
             curve = evaluate_policy(policy, task, cfg, cfg.eval.curve_samples, step, mesh)
