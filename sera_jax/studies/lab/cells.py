@@ -4,8 +4,10 @@
 paired seeds; `report_cell` writes its markdown (final pass@k, paired differences, the gate,
 arm − null, the A/A false-positive rate); `report_window` the same paired differences with
 each seed's pass@k averaged over the last evaluation points (`maze_cell.window`,
-`maze_family.window`); `maze_cell_setup`, `maze_family_setup`, `regime_setup` the setups of
-the cells that change the main cell's task or shape. Used by `study`, `sweep` and `regime`.
+`maze_family.window`); `report_matched` (in `report_cell` when an arm uses DAPO dynamic
+sampling) each arm's pass@k at the baseline's number of generated rollouts;
+`maze_cell_setup`, `maze_family_setup`, `regime_setup` the setups of the cells that change
+the main cell's task or shape. Used by `study`, `sweep` and `regime`.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ def method_for(name: str, threshold: float | None = None) -> methods_lib.Method:
 
 def run_cell(method_names: Sequence[str], setup: train.Setup, seed: int, seeds: Sequence[int],
              laws: Mapping[str, Any], runners: dict | None = None, controls: bool = False,
-             threshold: float | None = None) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+             threshold: float | None = None, checked: Sequence[str] = ()
+             ) -> dict[str, dict[str, dict[str, np.ndarray]]]:
     """results[law][arm] = `train.Runner` output on the paired seeds `seeds` of `seed`.
 
     Arms: the methods, and with `controls` the null arm `NULL` (uniform, rewards shuffled
@@ -45,12 +48,17 @@ def run_cell(method_names: Sequence[str], setup: train.Setup, seed: int, seeds: 
     task, initial policy and data order). Tasks are built once per law and shared by every
     arm; `runners` caches compiled runners by (method, θ, control, setup without its
     length), so a shape seen before (another law, another length, the A/A stream) is not
-    compiled again.
+    compiled again. `checked`: methods whose first step runs in checked mode first
+    (`train.check_first_step`, on the first law's tasks; a failed check raises before any
+    of the cell's runs).
     """
     runners = {} if runners is None else runners
     keys = train.seed_keys(seed, seeds)
     tasks = {law: train.make_tasks(setup, seed, seeds, spec) for law, spec in laws.items()}
     out: dict[str, dict[str, dict[str, np.ndarray]]] = {law: {} for law in laws}
+    for name in (n for n in method_names if n in checked):
+        train.check_first_step(method_for(name, threshold), setup, keys,
+                               tasks[next(iter(laws))])
     arms = [(n, n, None, 0) for n in method_names]
     if controls:
         arms += [(NULL, "uniform", "null", 0), (AA, "uniform", None, 1)]
@@ -116,6 +124,78 @@ def table_diagnostics(results) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- generation
+
+
+def _dynamic(name: str) -> bool:
+    method = methods_lib.METHODS.get(name)
+    return method is not None and method.dynamic_sampling
+
+
+def generation_curve(res: Mapping[str, np.ndarray]) -> np.ndarray:
+    """float64 [S, E]: each seed's cumulative generated rollouts at each evaluation point
+    (0 at step 0), from the per-step `generated` metric."""
+    gen = res["steps"][..., train.STEP_METRICS.index("generated")].astype(np.float64)
+    every = gen.shape[1] // (res["pass_at_k"].shape[1] - 1)
+    return np.concatenate([np.zeros((gen.shape[0], 1)), np.cumsum(gen, axis=1)], 1)[:, ::every]
+
+
+def at_generation(res: Mapping[str, np.ndarray], target: np.ndarray, curve: np.ndarray
+                  ) -> np.ndarray:
+    """float64 [S, ...]: seed s's `curve` [S, E, ...] linearly interpolated between evaluation
+    points over cumulative generated rollouts at `target[s]` (clamped at the last point when
+    the arm generated less)."""
+    x = generation_curve(res)
+    flat = curve.reshape(curve.shape[:2] + (-1,))
+    out = np.stack([[np.interp(target[s], x[s], flat[s, :, j]) for j in range(flat.shape[2])]
+                    for s in range(x.shape[0])])
+    return out.reshape((x.shape[0],) + curve.shape[2:])
+
+
+def report_matched(results, ks, table_ks, ref: str, names: Sequence[str], ci: str,
+                   title: str = "") -> tuple[list[str], dict[str, Any]]:
+    """Markdown lines and numbers of the matched-generation table: each arm's held-out pass@k
+    where its cumulative generated rollouts reach `ref`'s total (per seed, interpolated by
+    `at_generation`), the paired Δ of every method of `names` vs `ref`, and each arm's mean
+    generated rollouts per step. Returns (lines, {'target': [S], 'step': {arm: mean step},
+    'per_step': {arm: rollouts/step}, 'pass': {arm: {k: [S] percent}}, 'paired': {name: {k:
+    stats.Paired}}})."""
+    idx = {int(k): list(ks).index(k) for k in table_ks}
+    target = generation_curve(results[ref])[:, -1]
+    out: dict[str, Any] = {"target": target, "step": {}, "per_step": {}, "pass": {},
+                           "paired": {}}
+    for arm, res in results.items():
+        num_e = res["pass_at_k"].shape[1]
+        steps = np.arange(num_e) * (res["steps"].shape[1] // (num_e - 1))
+        curve = np.broadcast_to(steps.astype(np.float64), res["pass_at_k"].shape[:2])
+        out["step"][arm] = float(at_generation(res, target, curve).mean())
+        gen = res["steps"][..., train.STEP_METRICS.index("generated")]
+        out["per_step"][arm] = float(gen.mean())
+        held = 100.0 * at_generation(res, target, res["pass_at_k"][:, :, 1])
+        out["pass"][arm] = {k: held[:, i] for k, i in idx.items()}
+    for name in names:
+        if name != ref and name in results:
+            out["paired"][name] = {k: stats.paired(out["pass"][name][k], out["pass"][ref][k],
+                                                   ci) for k in idx}
+    cols = " | ".join(f"pass@{k}" for k in idx)
+    lines = [f"## {title}At matched generation: held-out pass@k (%) where each arm's cumulative "
+             f"generated rollouts reach {ref}'s total ({target.mean():.0f} per seed), each "
+             "seed's curve linearly interpolated between evaluations over cumulative generated "
+             "rollouts", "",
+             "Dynamic sampling also generates the groups it drops, so its arms are read at an "
+             "earlier step; an arm that generated less than the total is read at its last "
+             "evaluation.", "",
+             f"| arm | rollouts/step | step | {cols} |", "|---|---|---|" + "---|" * len(idx)]
+    lines += [f"| {a} | {out['per_step'][a]:.1f} | {out['step'][a]:.1f} | "
+              + " | ".join(f"{v.mean():.2f}" for v in out["pass"][a].values()) + " |"
+              for a in results]
+    lines += ["", f"| method − {ref} | " + " | ".join(f"Δ pass@{k}" for k in idx) + " |",
+              "|---|" + "---|" * len(idx)]
+    lines += [f"| {n} | " + " | ".join(p.fmt() for p in d.values()) + " |"
+              for n, d in out["paired"].items()]
+    return lines + [""], out
+
+
 # ----------------------------------------------------------------------------- controls
 
 
@@ -152,6 +232,8 @@ def report_cell(results, ks, table_ks, ref: str, names: Sequence[str], ci: str,
     lines = [f"## {title}Final held-out pass@k (%)", "", table_final(results, ks, table_ks, 1),
              "", f"## {title}Paired differences vs {ref} (held-out, points)", "",
              table_paired(results, ks, table_ks, 1, ref, names, ci), ""]
+    if any(_dynamic(n) for n in names):
+        lines += report_matched(results, ks, table_ks, ref, names, ci, title)[0]
     if not controls:
         return lines, None
     g = gate(results, ks, ci)

@@ -181,25 +181,30 @@ def validate(config: ml_collections.ConfigDict) -> None:
           "a tuple of distinct method names, e.g. ('uniform', 'sera')")
         for name in names:
             try:
-                method = methods_lib.get_method(name)
+                methods_lib.get_method(name)
             except ValueError as e:
                 raise common.StudyError(f"config.{block}.methods: {e}") from None
-            c(not method.dynamic_sampling, f"{block}.methods", name, "methods without DAPO "
-              "dynamic sampling: the lab spends one allocation per step, with no resampling")
         c(config.compare.baseline in names, "compare.baseline", config.compare.baseline,
           f"one of {block}.methods={tuple(names)} (differences are paired against it)")
         if config.compare.controls or block == "sweep":
             c("uniform" in names, f"{block}.methods", names, "a tuple holding 'uniform' (the "
               "controls and the lr gate compare uniform with the null arm)")
+    cm = config.compare.checked_methods
+    c(isinstance(cm, tuple | list) and all(isinstance(n, str) for n in cm),
+      "compare.checked_methods", cm, "a tuple of method names (() = checked mode off)")
     c(isinstance(config.compare.controls, bool), "compare.controls", config.compare.controls,
       "True or False (the null and A/A arms beside every comparison)")
     c(isinstance(config.regime.controls, bool), "regime.controls", config.regime.controls,
       "True or False (the null and A/A arms in every regime cell)")
+    c(validation.is_positive_int(config.rl.max_rounds), "rl.max_rounds", config.rl.max_rounds,
+      "an integer >= 1 (generation rounds per step of a DAPO dynamic-sampling method)")
     theta = config.rl.allocation.threshold
     c(theta is None or (validation.is_number(theta) and 0 <= theta <= 1),
       "rl.allocation.threshold", theta, "None (the preset's θ) or a number in [0, 1]")
     if config.compare.controls or config.sweep.enabled:
         c(1 in ks, "eval.ks", config.eval.ks, "a tuple holding 1 (the gate compares pass@1)")
+    c(config.sweep.family in ("answers", "maze"), "sweep.family", config.sweep.family,
+      "'answers' (the main cell's task) or 'maze' (the maze family's cell)")
     if config.sweep.enabled:
         sw = config.sweep
         c(len(sw.learning_rates) >= 1 and all(validation.is_number(x) and x >= 0
@@ -260,8 +265,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     law = config.difficulty
     runners: dict = {}
     controls, theta = bool(config.compare.controls), config.rl.allocation.threshold
+    checked = tuple(config.compare.checked_methods)  # checked mode on their first step
     main = run_cell(names, setup, config.seed, seeds, {law: law}, runners, controls,
-                    theta)[law]
+                    theta, checked)[law]
     t_main = time.time() - t_start
 
     p0_test = np.asarray(train.make_tasks(setup, config.seed, seeds, law)[1].p0)

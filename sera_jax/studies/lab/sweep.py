@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 
 from sera_jax.studies.lab import stats, train
-from sera_jax.studies.lab.cells import _final, gate, report_cell, run_cell
+from sera_jax.studies.lab.cells import _final, gate, maze_family_setup, report_cell, run_cell
 
 
 def _mean_ci(x: np.ndarray, ci: str) -> stats.Paired:
@@ -21,7 +21,8 @@ def _mean_ci(x: np.ndarray, ci: str) -> stats.Paired:
 
 def run_sweep(config: ml_collections.ConfigDict, runners: dict
               ) -> tuple[list[str], list[dict[str, Any]]]:
-    """lr selection and the θ table (`config.sweep`), on the main cell's task and seeds.
+    """lr selection and the θ table (`config.sweep`), on the main cell's answer task
+    (`sweep.family` 'answers') or the maze family's cell ('maze'), with the main seeds.
 
     For every lr of `sweep.learning_rates`: `sweep.methods` with the controls; the gate
     (uniform − null pass@1 > 0); each method's frontier point (final held-out pass@1,
@@ -36,10 +37,14 @@ def run_sweep(config: ml_collections.ConfigDict, runners: dict
     ks = [int(k) for k in config.eval.ks]
     i1, ik = ks.index(1), ks.index(int(sw.frontier_k))
     seeds = [int(s) for s in config.compare.seeds]
-    law, base = config.difficulty, train.setup_from_config(config)
+    if sw.family == "maze":  # the maze-policy family's cell (its shape, steps, aggregation)
+        law, base = "maze", maze_family_setup(config)
+    else:
+        law, base = config.difficulty, train.setup_from_config(config)
     names = list(sw.methods)
     rows: list[dict[str, Any]] = []
-    lines = [f"## lr sweep: frontier pass@1 vs pass@{sw.frontier_k} (held-out, %)", "",
+    lines = [f"## lr sweep ({sw.family}): frontier pass@1 vs pass@{sw.frontier_k} "
+             "(held-out, %)", "",
              "| lr | gate: uniform − null pass@1 | " + " | ".join(
                  f"{n} pass@1 | {n} pass@{sw.frontier_k}" for n in names) + " |",
              "|---|---|" + "---|---|" * len(names)]

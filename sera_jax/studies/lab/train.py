@@ -21,6 +21,10 @@ One step of one seed, with the library's pieces unchanged (the same order as the
    (`sera_jax.optim`: AdamW after global-norm clipping by default);
 6. `history.update_from_rollouts` (pending until the next epoch).
 
+A method with DAPO dynamic sampling (`Method.dynamic_sampling`: `dapo`, `sera_dapo`) runs
+`lab.dynamic.make_step` instead: up to `Setup.max_rounds` rounds of P prompts per step, the
+informative groups packed into the B rows, every generated rollout counted (`generated`).
+
 Pairing: for a seed, the task instance, the initial policy, the data order and the uniforms
 U_t[x, j] depend on the seed only, never on the method; so two methods that give prompt x the
 same N at step t with the same policy draw the same answers. The A/A arm (`Runner(...)(stream=1)`)
@@ -47,7 +51,7 @@ import optax
 from jax import Array, lax
 
 from sera_jax import allocation as allocation_lib
-from sera_jax import estimators, metrics, objective, optim
+from sera_jax import checks, estimators, metrics, objective, optim
 from sera_jax import history as history_lib
 from sera_jax.methods import Method
 from sera_jax.studies.lab import maze_task
@@ -65,8 +69,9 @@ CONTROLS = ("null",)
 NULL_TAG, AA_TAG = 1_000_003, 1_000_033
 
 #: Per-step scalar diagnostics, in the order of the last axis of `Runner(...)['steps']`.
+#: `generated`: rollouts generated in the step (B, or rounds × B with dynamic sampling).
 STEP_METRICS = ("cosine", "kappa_mean", "kappa_min", "active_frac", "mixed_frac",
-                "reward_mean", "phat_abs_err", "grad_norm", "loss")
+                "reward_mean", "phat_abs_err", "grad_norm", "loss", "generated")
 #: Evaluated every `eval_every` steps (and at step 0), per split.
 EVAL_METRICS = ("pass_at_k", "mean_log_p", "mean_p")
 
@@ -109,6 +114,8 @@ class Setup:
     history_beta: float = 0.5
     history_gamma: float = 0.75
     ks: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+    #: Generation rounds per step of a dynamic-sampling method (`lab.dynamic`; `rl.max_rounds`).
+    max_rounds: int = 3
 
     def __post_init__(self):
         p, m = self.prompts_per_step, self.num_train
@@ -130,6 +137,9 @@ class Setup:
             raise ValueError("config.rl.optimizer.schedule must be 'constant' in the lab: one "
                              "compiled runner serves every run length")
         optim.validate(dict(self.optimizer), prefix="rl.optimizer.")
+        if isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, int) \
+                or self.max_rounds < 1:
+            raise ValueError(f"rl.max_rounds={self.max_rounds!r} must be an integer >= 1")
         if self.family not in FAMILIES:
             raise ValueError(f"task.family={self.family!r}; allowed {tuple(FAMILIES)}")
         if self.family == "maze" and not (
@@ -176,7 +186,8 @@ def setup_from_config(config: ml_collections.ConfigDict) -> Setup:
         optimizer=tuple(sorted(r.optimizer.items())), aggregation=r.aggregation,
         unseen=a.unseen, posterior_from_history=a.posterior_from_history,
         history_alpha=r.history.alpha, history_beta=r.history.beta,
-        history_gamma=r.history.gamma, ks=tuple(int(k) for k in config.eval.ks))
+        history_gamma=r.history.gamma, ks=tuple(int(k) for k in config.eval.ks),
+        max_rounds=r.max_rounds)
 
 
 def seed_keys(seed: int, seeds: Sequence[int]) -> Array:
@@ -319,6 +330,45 @@ class Runner:
                 "mean_log_p": ev[1], "mean_p": ev[2]}
 
 
+def check_first_step(method: Method, setup: Setup, keys: Array, tasks: tuple) -> None:
+    """Checked mode on the first step (issue 24): step 0 of every seed of `method`, with
+    `sera_jax.checks`' value checks on what the step handed the library and got back: the
+    prompt ids, p̂ from `history.lookup` (in [0, 1] or NaN), the plan's segment ids, the
+    rewards (binary), the budget spent exactly, a finite loss and gradient. The step runs
+    compiled and returns those values; the checks run on them eagerly (checkify does not
+    transform the vmapped step's loops). Raises `checks.CheckError` (a ValueError) naming
+    the seed and the first bad value. A dynamic-sampling method is not checked (its step is
+    `lab.dynamic`'s). One extra compilation, so a study checks a few methods only."""
+    if method.dynamic_sampling:
+        return
+    tx = optim.make_optimizer(dict(setup.optimizer))
+    step = _make_step(method, setup, tx, checked=True)
+    s = setup
+
+    def first(params0, raw_key, train):
+        k_data, k_roll = jax.random.split(jax.random.fold_in(
+            jax.random.wrap_key_data(raw_key), 1))
+        h = history_lib.SuccessHistory.create(s.num_train, s.history_alpha, s.history_beta,
+                                              s.history_gamma)
+        _, (_, counts, probe) = step((params0, tx.init(params0), h), jnp.int32(0), train,
+                                     k_data, k_roll)
+        return counts, probe
+
+    train, _, params0 = tasks
+    counts, probe = jax.device_get(jax.jit(jax.vmap(first))(params0, keys, train))
+    for i in range(counts.shape[0]):
+        where = f"lab step 0 of {method.name}, seed {i}"
+        checks.check_ids("prompt_ids", probe["ids"][i], s.num_train, where)
+        checks.check_probabilities(probe["p_hat"][i], where + ": history.lookup")
+        checks.check_ids("segment_ids", probe["segment_ids"][i], s.prompts_per_step, where)
+        checks.check_rewards(probe["rewards"][i], True, where)
+        if int(counts[i].sum()) != s.budget:
+            raise checks.CheckError(f"{where}: the allocation spent {int(counts[i].sum())} "
+                                    f"rollouts, not the budget B = {s.budget}")
+        if not (np.isfinite(probe["loss"][i]) and np.isfinite(probe["grad_norm"][i])):
+            raise checks.CheckError(f"{where}: the loss or the gradient is not finite")
+
+
 def rollout_stream(k_roll: Array, stream: Array) -> Array:
     """The rollout key of stream 0 (k_roll itself: every method's paired stream) or 1 (the
     A/A arm: fold_in(k_roll, AA_TAG)); `stream` may be traced (one compiled program)."""
@@ -388,10 +438,17 @@ def exact_gradient(family: str, params: Any, task: Any, ids: Array | None = None
 
 
 def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation,
-               shuffle: bool = False) -> Callable:
+               shuffle: bool = False, checked: bool = False) -> Callable:
     """One training step of one seed: (carry, t, train task, data key, rollout key) ->
     (carry, (metrics row, counts)); see the module docstring for its six parts. `shuffle`:
-    the null arm (`batch_gradient`'s shuffle_key from the step key)."""
+    the null arm (`batch_gradient`'s shuffle_key from the step key). `checked`: add the
+    checked-mode value checks (`sera_jax.checks`, for `checks.jit_checked`) on what the step
+    hands the library and gets back (`check_first_step`). A dynamic-sampling method gets
+    `lab.dynamic.make_step` (same signature, unchecked)."""
+    if method.dynamic_sampling:
+        from sera_jax.studies.lab import dynamic  # imported here: it builds on this module
+
+        return dynamic.make_step(method, setup, tx, shuffle)
     num_p = setup.prompts_per_step
     m, spe = setup.num_train, setup.steps_per_epoch
     fam = FAMILIES[setup.family]
@@ -435,7 +492,12 @@ def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation,
             jnp.where(jnp.any(seen), err / jnp.maximum(jnp.sum(seen), 1), jnp.nan),
             optax.global_norm(grads),
             loss,
+            setup.budget,
         ]).astype(jnp.float32)
+        if checked:  # the values `check_first_step` checks on the host
+            return (new_params, opt_state, h), (row, counts, dict(
+                ids=ids, p_hat=p_hat, segment_ids=seg, rewards=rewards, loss=loss,
+                grad_norm=optax.global_norm(grads)))
         return (new_params, opt_state, h), (row, counts)
 
     return step

@@ -58,12 +58,12 @@ def test_study_end_to_end(tmp_path):
         assert (tmp_path / f).exists(), f
     s = out["summary"]
     assert "Paired differences vs uniform" in s and "Regime map" in s and "Maze default" in s
-    assert "Student t" in s and "2 methods × 3 paired seeds" in s and "AdamW lr 0.05" in s
+    assert "Student t" in s and "2 methods × 3 paired seeds" in s and "AdamW lr 0.002" in s
     # laws x ks x (method, reference) pairs: sera − uniform, uniform/sera − null
     assert len(out["regime"]) == 2 * 2 * 3
     assert set(out["main"]) == {"uniform", "sera_equalized", study.NULL, study.AA}
     assert set(out["maze_family"]) == {"uniform", "sera_equalized", study.NULL, study.AA}
-    assert "**Gate, lr 0.05:** uniform − null pass@1 = " in s and "| method − null |" in s
+    assert "**Gate, lr 0.002:** uniform − null pass@1 = " in s and "| method − null |" in s
     assert "Maze family: Controls" in s and "A/A: uniform_aa − uniform has a CI" in s
     assert "Δ vs the null" in s  # the regime map's controls
     assert isinstance(out["gate"]["admissible"], bool) and out["maze_gate"] is not None
@@ -76,17 +76,19 @@ def test_cpu_default_is_valid():
     c = get_config(CPU)
     assert len(c.compare.seeds) >= 64 and c.compare.baseline == "uniform"
     runnable = {n for n, m in methods.METHODS.items() if not m.dynamic_sampling}
-    assert runnable <= set(c.compare.methods)  # every method the lab can run is compared
+    assert runnable <= set(c.compare.methods)  # every non-DAPO method (DAPO: dapo.py)
     assert set(c.rl.optimizer) == set(optim.DEFAULTS)  # the one optimiser block, spelt out
     study.validate(c)
     setup = train.setup_from_config(c)
-    assert (setup.n0, setup.budget, dict(setup.optimizer)["learning_rate"]) == (8, 64, 0.05)
+    # The lrs the issue-25 rule selected (docs/results_lab.md, the two lr sweeps).
+    assert (setup.n0, setup.budget, dict(setup.optimizer)["learning_rate"]) == (8, 64, 0.002)
+    assert dict(cells.maze_family_setup(c).optimizer)["learning_rate"] == 0.02
 
 
 @pytest.mark.parametrize("field, value, match", [
     ("compare.methods", ("uniform", "serra"), "did you mean 'sera'"),
     ("compare.methods", "uniform,sera", "a tuple of distinct method names"),
-    ("compare.methods", ("uniform", "dapo"), "without DAPO dynamic sampling"),
+    ("rl.max_rounds", 0, "rl.max_rounds=0 is invalid"),
     ("compare.baseline", "knapsack", "compare.baseline"),
     ("compare.seeds", (0,), "compare.seeds"),
     ("regime.seeds", (1, 1), "regime.seeds"),
@@ -95,6 +97,7 @@ def test_cpu_default_is_valid():
     ("rl.optimizer.learning_rate", -1.0, "rl.optimizer.learning_rate"),
     ("maze_family.window", 7, r"maze_family.window=7 is invalid; allowed: an integer in \[0, 6\]"),
     ("maze_family.window", -1, "maze_family.window"),
+    ("sweep.family", "mazes", "sweep.family"),
 ])
 def test_bad_values_are_refused_before_any_work(tmp_path, field, value, match):
     # Not type-safe: a user's own config file may hold a string where the default has a tuple.
@@ -166,6 +169,26 @@ def test_lr_sweep_gates_each_lr_and_tables_theta(tmp_path):
         assert "No lr of the grid is admissible" in s
 
 
+def test_lr_sweep_on_the_maze_family_runs_its_cell(tmp_path):
+    """`sweep.family='maze'` sweeps the maze family's cell (its task and shape): at lr 0 the
+    gate is exactly 0, and configs/allocation_lab/maze_lr_sweep.py is valid."""
+    study.validate(get_config(os.path.join(ROOT, "configs", "allocation_lab",
+                                           "maze_lr_sweep.py")))
+    c = _tiny()
+    c.maze_family.enabled = c.maze_cell.enabled = c.regime.enabled = False
+    c.sweep.enabled, c.sweep.family, c.sweep.frontier_k = True, "maze", 16
+    c.sweep.learning_rates, c.sweep.methods, c.sweep.thetas = (0.0, 0.5), ("uniform",), ()
+    out = study.run(c, str(tmp_path))
+    rows = {r["lr"]: r for r in out["sweep"]}
+    assert rows[0.0]["admissible"] is False and rows[0.0]["gate"].mean == 0.0
+    assert "## lr sweep (maze)" in out["summary"]
+    # The maze cell's p differs from the answer task's: the lr-0 points are the start of a
+    # different task (answer task tiny: 6 answers, the maze family: 3×3 mazes, H 4).
+    c.sweep.family = "answers"
+    ans = {r["lr"]: r for r in study.run(c, str(tmp_path / "a"))["sweep"]}
+    assert rows[0.0]["uniform"][0].mean != ans[0.0]["uniform"][0].mean
+
+
 def test_maze_forecast_config_is_the_registered_driver():
     """configs/allocation_lab/maze_forecast.py is valid and holds the fields of the driver
     that produced docs/results_lab.md "Registered prediction" (window of 3: steps 200/300/400)."""
@@ -201,7 +224,7 @@ def test_window_table_averages_the_last_evaluations(tmp_path):
     assert "## Maze default cell: Window: held-out pass@k averaged over steps 4/6 (the last 2" in s
     assert "| a − b | Δ pass@1 | Δ pass@4 |" in s and "| start (step 0) |" in s
     assert "| sera_equalized − uniform |" in s and "| uniform − null |" in s
-    assert "**Gate, lr 0.05:** uniform − null pass@1 = " in s.split("Window:")[1]
+    assert "**Gate, lr 0.002:** uniform − null pass@1 = " in s.split("Window:")[1]
     win = out["window"]["maze_cell"]
     assert list(win["paired"]) == [("sera_equalized", "uniform"), ("uniform", cells.NULL),
                                    ("sera_equalized", cells.NULL)]
