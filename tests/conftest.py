@@ -1,6 +1,9 @@
-"""Test-wide set-up: 8 virtual CPU devices so sharded code paths run here as on a pod."""
+"""Test-wide set-up: 8 virtual CPU devices so sharded code paths run here as on a pod, and
+one persistent XLA compilation cache for the session (both workers and every subprocess)."""
 
 import os
+import shutil
+import tempfile
 
 # Must happen before jax is imported anywhere: multi-device code is exercised on CPU.
 _flags = os.environ.get("XLA_FLAGS", "")
@@ -10,3 +13,22 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # TensorFlow (tfds) must never grab an accelerator or all host threads in tests.
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+# Why: the suite is dominated by XLA compiles, and many tests build the same program (the
+# lab's tiny cells, the tiny decoder) in fresh closures, which jit's in-memory cache cannot
+# match; the persistent cache is keyed by the program itself, so each is compiled once per
+# session. A fresh directory per session (set in the controller, inherited by the xdist
+# workers and by the binaries the tests launch, `common.enable_compilation_cache`): nothing
+# carries over between runs. A directory set by the user is used as is and kept.
+_OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
+if _OWN_CACHE:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="sera_jax_tests_xla_")
+    os.environ["SERA_JAX_TESTS_OWN_CACHE"] = "1"
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
+
+def pytest_unconfigure(config):
+    """The controller removes the session's cache directory (workers leave it)."""
+    if (_OWN_CACHE and os.environ.get("SERA_JAX_TESTS_OWN_CACHE") == "1"
+            and not hasattr(config, "workerinput")):
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)

@@ -164,10 +164,14 @@ def binary(run: Callable[[ml_collections.ConfigDict, str | None], Any], default_
 
 def enable_compilation_cache(workdir: str | None) -> None:
     """Persist compiled programs under `<workdir>/.jax_cache`: a resumed or later stage skips
-    its compiles (binaries only; tests keep the in-memory cache)."""
-    if workdir and not (os.path.exists(workdir) and not os.path.isdir(workdir)):
-        import jax
+    its compiles (binaries). A cache directory the user already set (JAX_COMPILATION_CACHE_DIR,
+    or `jax_compilation_cache_dir`) is kept, with its own settings: one cache shared by runs
+    (the test suite's per-session one)."""
+    import jax
 
+    if jax.config.jax_compilation_cache_dir:
+        return
+    if workdir and not (os.path.exists(workdir) and not os.path.isdir(workdir)):
         jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.abspath(workdir),
                                                                     ".jax_cache"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)

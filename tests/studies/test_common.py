@@ -73,3 +73,23 @@ def test_maze_binary_refuses_bad_arguments_in_one_line(tmp_path, args, match):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 1, out.stderr[-2000:]
     assert match in out.stderr.splitlines()[-1] and "Traceback" not in out.stderr
+
+
+def test_compilation_cache_keeps_a_directory_the_user_set(tmp_path):
+    """A binary persists its compiles under <workdir>/.jax_cache unless a cache directory is
+    already set (JAX_COMPILATION_CACHE_DIR: the suite's per-session cache), which it keeps."""
+    import jax
+
+    before = (jax.config.jax_compilation_cache_dir,
+              jax.config.jax_persistent_cache_min_compile_time_secs)
+    try:
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "mine"))
+        common.enable_compilation_cache(str(tmp_path / "w"))
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "mine")
+        jax.config.update("jax_compilation_cache_dir", None)
+        common.enable_compilation_cache(str(tmp_path / "w"))
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "w" / ".jax_cache")
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 1.0
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])

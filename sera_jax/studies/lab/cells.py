@@ -46,9 +46,9 @@ def run_cell(method_names: Sequence[str], setup: train.Setup, seed: int, seeds: 
     Arms: the methods, and with `controls` the null arm `NULL` (uniform, rewards shuffled
     within each batch) and the A/A arm `AA` (uniform on the other rollout stream: same
     task, initial policy and data order). Tasks are built once per law and shared by every
-    arm; `runners` caches compiled runners by (method, θ, control, setup without its
-    length), so a shape seen before (another law, another length, the A/A stream) is not
-    compiled again. `checked`: methods whose first step runs in checked mode first
+    arm; `runners` caches compiled runners by (method, θ, null switch, setup without its
+    length), so a shape seen before (another law, another length, the A/A stream, the
+    null) is not compiled again. `checked`: methods whose first step runs in checked mode first
     (`train.check_first_step`, on the first law's tasks; a failed check raises before any
     of the cell's runs).
     """
@@ -59,18 +59,25 @@ def run_cell(method_names: Sequence[str], setup: train.Setup, seed: int, seeds: 
     for name in (n for n in method_names if n in checked):
         train.check_first_step(method_for(name, threshold), setup, keys,
                                tasks[next(iter(laws))])
-    arms = [(n, n, None, 0) for n in method_names]
+    arms = [(n, n, 0, False) for n in method_names]
     if controls:
-        arms += [(NULL, "uniform", "null", 0), (AA, "uniform", None, 1)]
-    for arm, name, control, stream in arms:
+        arms += [(NULL, "uniform", 0, True), (AA, "uniform", 1, False)]
+    for arm, name, stream, null in arms:
         method = method_for(name, threshold)
-        cache_key = (name, dict(method.options).get("threshold"), control,
-                     setup.with_(num_steps=setup.eval_every))
+        # uniform's runner carries the null switch whenever the cell has controls: uniform,
+        # its null and its A/A arm are one compiled program.
+        null_arm = controls and name == "uniform"
+        base = (name, dict(method.options).get("threshold"))
+        short = setup.with_(num_steps=setup.eval_every)
+        cache_key = base + (True, short)  # a runner with the switch serves the plain arm too
+        if not null_arm and cache_key not in runners:
+            cache_key = base + (False, short)
         if cache_key not in runners:
-            runners[cache_key] = train.Runner(method, cache_key[3], control)
+            runners[cache_key] = train.Runner(method, cache_key[3], null_arm)
         for law in laws:
             t0 = time.time()
-            out[law][arm] = runners[cache_key](keys, tasks[law], setup.num_steps, stream)
+            out[law][arm] = runners[cache_key](keys, tasks[law], setup.num_steps, stream,
+                                               null)
             logging.info("lab: %s on %s (%d seeds) in %.1fs", arm, law, keys.shape[0],
                          time.time() - t0)
     return out

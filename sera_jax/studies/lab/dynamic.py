@@ -166,28 +166,25 @@ def round_uniforms(setup: train_lib.Setup, k_roll: Array, t: Array, ids0: Array)
 def make_step(method: Method, setup: train_lib.Setup, tx: optax.GradientTransformation,
               shuffle: bool = False) -> Callable:
     """One dynamic-sampling training step of one seed, the signature of `train._make_step`:
-    (carry, t, train task, data key, rollout key) -> (carry, (metrics row, round-0 counts));
-    the six parts of the module docstring. No null arm (`shuffle` raises): the controls are
-    uniform's."""
+    (carry, t, train task, data key, rollout key[, null]) -> (carry, (metrics row, round-0
+    counts)); the six parts of the module docstring. No null arm (`shuffle` raises; `null`
+    is ignored): the controls are uniform's."""
     if not method.dynamic_sampling:
         raise ValueError(f"method {method.name!r} does not use dynamic sampling")
     if shuffle:
         raise ValueError("the null control shuffles uniform's rewards; a dynamic-sampling "
                          "method has no null arm")
     num_p, budget, num_r = setup.prompts_per_step, setup.budget, setup.max_rounds
-    m, spe = setup.num_train, setup.steps_per_epoch
     fam = train_lib.FAMILIES[setup.family]
     pilot = method.pilot_size(setup.n_min)
     smallest = min_group(method, setup.n0, setup.n_min)
     max_len = setup.horizon if setup.family == "maze" else 1
     flat = lambda x: x.reshape((num_r * budget,) + x.shape[2:])
 
-    def step(carry, t, train, k_data, k_roll):
+    def step(carry, t, train, k_data, k_roll, null=False):
+        del null
         params, opt_state, h = carry
-        epoch, pos = t // spe, t % spe
-        h = lax.cond(pos == 0, history_lib.start_epoch, lambda x: x, h)
-        perm = jax.random.permutation(jax.random.fold_in(k_data, epoch), m)
-        ids0 = lax.dynamic_slice_in_dim(perm, pos * num_p, num_p)
+        h, ids0 = train_lib.epoch_batch(setup, h, t, k_data)
         ids = jnp.concatenate([ids0[None], refill_ids(setup, k_data, t)])  # [R, P]
         p_hat = history_lib.lookup(h, ids.reshape(-1)).reshape(num_r, num_p)
         log_pi = fam.log_policy(params, train)

@@ -60,10 +60,9 @@ from sera_jax.studies.lab import task as task_lib
 #: Task families (config `task.family`): modules with `make_task`, `init_params`,
 #: `log_policy`, `log_success_probs`, `sample`, `rollout_logprobs`.
 FAMILIES = {"answers": task_lib, "maze": maze_task}
-#: Control arms run beside every comparison (`Runner(control=...)`): "null" = the uniform
-#: method with the rewards of each batch shuffled (`shuffle_key`); the A/A arm is the
-#: uniform runner itself on another rollout stream (`Runner.__call__(stream=1)`).
-CONTROLS = ("null",)
+#: Control arms run beside every comparison, both on the uniform runner itself: the null
+#: (`Runner(null_arm=True)(null=True)`: the rewards of each batch shuffled, `shuffle_key`)
+#: and the A/A arm (`Runner.__call__(stream=1)`: another rollout stream).
 #: fold_in tags: the null arm's shuffle key of step t is fold_in(fold_in(k_roll, t), NULL_TAG);
 #: the A/A arm's rollout key is fold_in(k_roll, AA_TAG) (steps never reach these values).
 NULL_TAG, AA_TAG = 1_000_003, 1_000_033
@@ -272,27 +271,29 @@ class Runner:
     `counts` int32[S, T, P], `pass_at_k` float32[S, E, 2, len(ks)] (split 0 = train,
     1 = held-out) at `Setup.eval_steps`, `mean_log_p` and `mean_p` float32[S, E, 2].
 
-    `control="null"`: the rewards of every batch are shuffled across its B rows before the
-    loss and the history see them (a permutation drawn from the step key): same lr, budget
-    and rollouts, no reward-answer association (`CONTROLS`).
+    `null_arm=True`: the runner can also run the null control (`__call__(null=True)`): the
+    rewards of every batch are shuffled across its B rows before the loss and the history
+    see them (a permutation drawn from the step key): same lr, budget and rollouts, no
+    reward-answer association. The switch is traced, so the method's arm, its A/A arm and
+    its null arm share ONE compiled program (the select leaves the unshuffled rewards
+    bit-identical to a runner without the switch).
     """
 
-    def __init__(self, method: Method, setup: Setup, control: str | None = None):
-        if control not in (None,) + CONTROLS:
-            raise ValueError(f"control={control!r}; allowed None or one of {CONTROLS}")
-        self.method, self.setup, self.control = method, setup, control
+    def __init__(self, method: Method, setup: Setup, null_arm: bool = False):
+        self.method, self.setup, self.null_arm = method, setup, bool(null_arm)
         self.tx = optim.make_optimizer(dict(setup.optimizer))
-        step = _make_step(method, setup, self.tx, shuffle=control == "null")
+        step = _make_step(method, setup, self.tx, shuffle=self.null_arm)
 
-        def block(carry, raw_key, train, b, stream):
+        def block(carry, raw_key, train, b, stream, null):
             ts = b * setup.eval_every + jnp.arange(setup.eval_every)
             k_data, k_roll = jax.random.split(jax.random.fold_in(
                 jax.random.wrap_key_data(raw_key), 1))
             k_roll = rollout_stream(k_roll, stream)
-            carry, out = lax.scan(lambda c, t: step(c, t, train, k_data, k_roll), carry, ts)
+            carry, out = lax.scan(lambda c, t: step(c, t, train, k_data, k_roll, null),
+                                  carry, ts)
             return carry, out
 
-        self._block = jax.jit(jax.vmap(block, in_axes=(0, 0, 0, None, None)))
+        self._block = jax.jit(jax.vmap(block, in_axes=(0, 0, 0, None, None, None)))
 
     def init_carry(self, params0: Any) -> tuple:
         """(params, optimiser state, empty history) of every seed."""
@@ -304,9 +305,10 @@ class Runner:
         return params0, jax.vmap(self.tx.init)(params0), h
 
     def __call__(self, keys: Array, tasks: tuple, num_steps: int | None = None,
-                 stream: int = 0) -> dict[str, np.ndarray]:
+                 stream: int = 0, null: bool = False) -> dict[str, np.ndarray]:
         """Run every seed; `stream` 1 = the A/A rollout stream (`rollout_stream`): the same
-        task, initial policy and data order, other rollout uniforms."""
+        task, initial policy and data order, other rollout uniforms; `null`: the null
+        control (rewards shuffled within each batch; needs `null_arm=True`)."""
         s = self.setup
         num_steps = s.num_steps if num_steps is None else num_steps
         if num_steps % s.eval_every:
@@ -314,12 +316,16 @@ class Runner:
                              f"{s.eval_every}")
         if stream not in (0, 1):
             raise ValueError(f"stream={stream!r}; allowed 0 (the paired stream) or 1 (A/A)")
+        if null and not self.null_arm:
+            raise ValueError("null=True needs a runner built with null_arm=True (the "
+                             "shuffle is compiled into the program)")
         train, test, params0 = tasks
         carry = self.init_carry(params0)
         evals = [_evaluate_seeds(params0, train, test, s.ks, s.family)]
         rows, counts = [], []
         for b in range(num_steps // s.eval_every):
-            carry, (r, c) = self._block(carry, keys, train, jnp.int32(b), jnp.int32(stream))
+            carry, (r, c) = self._block(carry, keys, train, jnp.int32(b), jnp.int32(stream),
+                                         jnp.bool_(null))
             rows.append(r)
             counts.append(c)
             evals.append(_evaluate_seeds(carry[0], train, test, s.ks, s.family))
@@ -384,7 +390,8 @@ def rollout_uniforms(setup: Setup, k_roll: Array, t: Array) -> Array:
 
 def batch_gradient(method: Method, setup: Setup, params: Any, train: Any, ids: Array,
                    p_hat: Array, post: tuple[Array, Array], u: Array,
-                   shuffle_key: Array | None = None) -> tuple[Any, Array, dict[str, Any]]:
+                   shuffle_key: Array | None = None, shuffle: Array | bool = True
+                   ) -> tuple[Any, Array, dict[str, Any]]:
     """One batch's (∇ surrogate loss, loss, aux): steps 3-5 of the module docstring.
 
     The plan (`_plan`, after the pilot of a two-stage method), rollout row r = rollout
@@ -392,7 +399,8 @@ def batch_gradient(method: Method, setup: Setup, params: Any, train: Any, ids: A
     then the gradient of `objective.surrogate_loss` at `params`; minus it is the step's
     policy gradient, whose expectation over u is (1/P) Σ_q (w_q N_q/N0) κ̄_q ∇log p_q
     (SERA_SPEC). `shuffle_key`: the null arm's permutation of the B rewards (the batch's
-    rewards are kept, their assignment to rollouts is lost). aux: plan, rewards, k1 (the
+    rewards are kept, their assignment to rollouts is lost), applied where `shuffle` (a
+    traced switch: one program for the arm and its null) is true. aux: plan, rewards, k1 (the
     pilot's successes or None). Pure: jit/vmap-able (tests vmap it over many u).
     """
     fam = FAMILIES[setup.family]
@@ -413,7 +421,8 @@ def batch_gradient(method: Method, setup: Setup, params: Any, train: Any, ids: A
     plan = _plan(method, setup, p_hat, post, k1)
     actions, rewards = draw(plan.segment_ids, plan.ranks)
     if shuffle_key is not None:
-        rewards = rewards[jax.random.permutation(shuffle_key, rewards.shape[0])]
+        shuffled = rewards[jax.random.permutation(shuffle_key, rewards.shape[0])]
+        rewards = shuffled if shuffle is True else jnp.where(shuffle, shuffled, rewards)
     rows = ids[plan.segment_ids]
     max_len = setup.horizon if setup.family == "maze" else None
 
@@ -437,11 +446,24 @@ def exact_gradient(family: str, params: Any, task: Any, ids: Array | None = None
     return jax.grad(mean_log_p)(params)
 
 
+def epoch_batch(setup: Setup, h: history_lib.SuccessHistory, t: Array, k_data: Array
+                ) -> tuple[history_lib.SuccessHistory, Array]:
+    """(history, batch prompt ids) of step t: epoch e = t // steps_per_epoch walks the
+    permutation fold_in(k_data, e) of the train prompts in blocks of P; the history starts
+    a new epoch (`history.start_epoch`) at the epoch's first step."""
+    num_p, spe = setup.prompts_per_step, setup.steps_per_epoch
+    epoch, pos = t // spe, t % spe
+    h = lax.cond(pos == 0, history_lib.start_epoch, lambda x: x, h)
+    perm = jax.random.permutation(jax.random.fold_in(k_data, epoch), setup.num_train)
+    return h, lax.dynamic_slice_in_dim(perm, pos * num_p, num_p)
+
+
 def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation,
                shuffle: bool = False, checked: bool = False) -> Callable:
     """One training step of one seed: (carry, t, train task, data key, rollout key) ->
     (carry, (metrics row, counts)); see the module docstring for its six parts. `shuffle`:
-    the null arm (`batch_gradient`'s shuffle_key from the step key). `checked`: add the
+    the step takes a traced `null` switch (the null arm: `batch_gradient`'s shuffle_key from
+    the step key) as its sixth argument; without it the argument is ignored. `checked`: add the
     checked-mode value checks (`sera_jax.checks`, for `checks.jit_checked`) on what the step
     hands the library and gets back (`check_first_step`). A dynamic-sampling method gets
     `lab.dynamic.make_step` (same signature, unchecked)."""
@@ -450,21 +472,17 @@ def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation,
 
         return dynamic.make_step(method, setup, tx, shuffle)
     num_p = setup.prompts_per_step
-    m, spe = setup.num_train, setup.steps_per_epoch
     fam = FAMILIES[setup.family]
 
-    def step(carry, t, train, k_data, k_roll):
+    def step(carry, t, train, k_data, k_roll, null=False):
         params, opt_state, h = carry
-        epoch, pos = t // spe, t % spe
-        h = lax.cond(pos == 0, history_lib.start_epoch, lambda x: x, h)
-        perm = jax.random.permutation(jax.random.fold_in(k_data, epoch), m)
-        ids = lax.dynamic_slice_in_dim(perm, pos * num_p, num_p)
+        h, ids = epoch_batch(setup, h, t, k_data)
         p_hat = history_lib.lookup(h, ids)
         u = rollout_uniforms(setup, k_roll, t)
         shuffle_key = (jax.random.fold_in(jax.random.fold_in(k_roll, t), NULL_TAG)
                        if shuffle else None)
         grads, loss, aux = batch_gradient(method, setup, params, train, ids, p_hat,
-                                          _posterior(h, ids), u, shuffle_key)
+                                          _posterior(h, ids), u, shuffle_key, null)
         plan, rewards, k1 = aux["plan"], aux["rewards"], aux["k1"]
         counts, seg = plan.counts, plan.segment_ids
         exact = exact_gradient(setup.family, params, train, ids)

@@ -97,13 +97,19 @@ def test_null_run_sees_the_same_rewards_at_step_0():
     mean reward at step 0 is uniform's), then it drifts without learning."""
     keys, tasks = train.seed_keys(0, (0, 1, 2)), train.make_tasks(SETUP, 0, (0, 1, 2), "maze")
     uni = train.Runner(methods.get_method("uniform"), SETUP)(keys, tasks)
-    null = train.Runner(methods.get_method("uniform"), SETUP, "null")(keys, tasks)
+    shared = train.Runner(methods.get_method("uniform"), SETUP, null_arm=True)
+    null = shared(keys, tasks, null=True)
     j = train.STEP_METRICS.index("reward_mean")
     np.testing.assert_array_equal(null["steps"][:, 0, j], uni["steps"][:, 0, j])
     np.testing.assert_array_equal(null["pass_at_k"][:, 0], uni["pass_at_k"][:, 0])
     assert not np.array_equal(null["pass_at_k"][:, -1], uni["pass_at_k"][:, -1])
-    with pytest.raises(ValueError, match="control='shuffle'"):
-        train.Runner(methods.get_method("uniform"), SETUP, "shuffle")
+    # One program for uniform and its null (the switch is traced): with the switch off it
+    # is the plain runner, bit for bit.
+    plain = shared(keys, tasks)
+    for k in uni:
+        np.testing.assert_array_equal(plain[k], uni[k], err_msg=k)
+    with pytest.raises(ValueError, match="null=True needs a runner built with null_arm"):
+        train.Runner(methods.get_method("uniform"), SETUP)(keys, tasks, null=True)
 
 
 # ----------------------------------------------------------------------------- A/A arm
@@ -129,6 +135,25 @@ def test_aa_arms_differ_only_in_their_rollout_key(monkeypatch):
                                   jax.random.key_data(k))
     np.testing.assert_array_equal(jax.random.key_data(train.rollout_stream(k, 1)),
                                   jax.random.key_data(jax.random.fold_in(k, train.AA_TAG)))
+
+
+def test_a_cell_with_controls_compiles_one_runner_per_method():
+    """uniform, its null and its A/A arm share one compiled program; a later cell without
+    controls (the sweep's θ table) reuses it; the null arm is paired with uniform."""
+    from sera_jax.studies.lab import cells
+
+    runners, seeds = {}, (0, 1)
+    out = cells.run_cell(["uniform", "sera"], SETUP, 0, seeds, {"maze": "maze"}, runners,
+                         controls=True)["maze"]
+    assert len(runners) == 2 and set(out) == {"uniform", "sera", cells.NULL, cells.AA}
+    assert [k[2] for k in runners] == [True, False]  # (name, θ, null switch, setup)
+    again = cells.run_cell(["uniform"], SETUP, 0, seeds, {"maze": "maze"}, runners)["maze"]
+    assert len(runners) == 2
+    np.testing.assert_array_equal(again["uniform"]["pass_at_k"], out["uniform"]["pass_at_k"])
+    j = train.STEP_METRICS.index("reward_mean")
+    np.testing.assert_array_equal(out[cells.NULL]["steps"][:, 0, j],
+                                  out["uniform"]["steps"][:, 0, j])
+    assert not np.array_equal(out[cells.NULL]["steps"], out["uniform"]["steps"])
 
 
 # ----------------------------------------------------------------------------- the gate
