@@ -12,6 +12,8 @@ the main cell's task or shape. Used by `study`, `sweep` and `regime`.
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -39,7 +41,8 @@ def method_for(name: str, threshold: float | None = None) -> methods_lib.Method:
 
 def run_cell(method_names: Sequence[str], setup: train.Setup, seed: int, seeds: Sequence[int],
              laws: Mapping[str, Any], runners: dict | None = None, controls: bool = False,
-             threshold: float | None = None, checked: Sequence[str] = ()
+             threshold: float | None = None, checked: Sequence[str] = (),
+             parallel_compiles: int | None = None
              ) -> dict[str, dict[str, dict[str, np.ndarray]]]:
     """results[law][arm] = `train.Runner` output on the paired seeds `seeds` of `seed`.
 
@@ -50,7 +53,8 @@ def run_cell(method_names: Sequence[str], setup: train.Setup, seed: int, seeds: 
     length), so a shape seen before (another law, another length, the A/A stream, the
     null) is not compiled again. `checked`: methods whose first step runs in checked mode first
     (`train.check_first_step`, on the first law's tasks; a failed check raises before any
-    of the cell's runs).
+    of the cell's runs). `parallel_compiles`: runners compiled at once (threads; default
+    one per CPU core); 1 = one after the other (the same results).
     """
     runners = {} if runners is None else runners
     keys = train.seed_keys(seed, seeds)
@@ -62,6 +66,7 @@ def run_cell(method_names: Sequence[str], setup: train.Setup, seed: int, seeds: 
     arms = [(n, n, 0, False) for n in method_names]
     if controls:
         arms += [(NULL, "uniform", 0, True), (AA, "uniform", 1, False)]
+    groups: dict[tuple, list[tuple[str, int, bool]]] = {}  # runner key -> its arms
     for arm, name, stream, null in arms:
         method = method_for(name, threshold)
         # uniform's runner carries the null switch whenever the cell has controls: uniform,
@@ -74,12 +79,32 @@ def run_cell(method_names: Sequence[str], setup: train.Setup, seed: int, seeds: 
             cache_key = base + (False, short)
         if cache_key not in runners:
             runners[cache_key] = train.Runner(method, cache_key[3], null_arm)
+        groups.setdefault(cache_key, []).append((arm, stream, null))
+
+    def run_group(cache_key: tuple) -> dict[tuple[str, str], dict[str, np.ndarray]]:
+        """Every run of one compiled runner (its first call compiles it)."""
+        res = {}
+        for arm, stream, null in groups[cache_key]:
+            for law in laws:
+                t0 = time.time()
+                res[law, arm] = runners[cache_key](keys, tasks[law], setup.num_steps, stream,
+                                                   null)
+                logging.info("lab: %s on %s (%d seeds) in %.1fs", arm, law, keys.shape[0],
+                             time.time() - t0)
+        return res
+
+    # Why threads: a lab cell's wall time is XLA compilation (a run takes < 1 s once
+    # compiled), which is single-threaded and releases the GIL, so the runners compile side
+    # by side, one per core. The results do not depend on it (each run is a pure function of
+    # its keys; a test compares with the sequential order bit for bit).
+    workers = max(1, min(len(groups), parallel_compiles or os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        done = {}
+        for res in pool.map(run_group, list(groups)):
+            done.update(res)
+    for arm, *_ in arms:
         for law in laws:
-            t0 = time.time()
-            out[law][arm] = runners[cache_key](keys, tasks[law], setup.num_steps, stream,
-                                               null)
-            logging.info("lab: %s on %s (%d seeds) in %.1fs", arm, law, keys.shape[0],
-                         time.time() - t0)
+            out[law][arm] = done[law, arm]
     return out
 
 

@@ -139,13 +139,20 @@ def test_aa_arms_differ_only_in_their_rollout_key(monkeypatch):
 
 def test_a_cell_with_controls_compiles_one_runner_per_method():
     """uniform, its null and its A/A arm share one compiled program; a later cell without
-    controls (the sweep's θ table) reuses it; the null arm is paired with uniform."""
+    controls (the sweep's θ table) reuses it; the null arm is paired with uniform; runners
+    compiled in parallel threads give the sequential results."""
     from sera_jax.studies.lab import cells
 
     runners, seeds = {}, (0, 1)
     out = cells.run_cell(["uniform", "sera"], SETUP, 0, seeds, {"maze": "maze"}, runners,
-                         controls=True)["maze"]
-    assert len(runners) == 2 and set(out) == {"uniform", "sera", cells.NULL, cells.AA}
+                         controls=True, parallel_compiles=2)["maze"]
+    assert len(runners) == 2 and list(out) == ["uniform", "sera", cells.NULL, cells.AA]
+    # The runners compiled side by side give what one after the other gives, bit for bit.
+    seq = cells.run_cell(["uniform", "sera"], SETUP, 0, seeds, {"maze": "maze"}, runners,
+                         controls=True, parallel_compiles=1)["maze"]
+    for arm in out:
+        for k in out[arm]:
+            np.testing.assert_array_equal(seq[arm][k], out[arm][k], err_msg=f"{arm} {k}")
     assert [k[2] for k in runners] == [True, False]  # (name, θ, null switch, setup)
     again = cells.run_cell(["uniform"], SETUP, 0, seeds, {"maze": "maze"}, runners)["maze"]
     assert len(runners) == 2
