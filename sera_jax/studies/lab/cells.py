@@ -12,8 +12,7 @@ the main cell's task or shape. Used by `study`, `sweep` and `regime`.
 
 from __future__ import annotations
 
-import concurrent.futures
-import os
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -39,22 +38,28 @@ def method_for(name: str, threshold: float | None = None) -> methods_lib.Method:
     return method
 
 
+def _computation(method: methods_lib.Method) -> tuple:
+    """What a lab runner compiles for `method`, less its name and its multiplicity."""
+    return (method.allocator, tuple(sorted(method.options.items())), method.estimator,
+            method.dynamic_sampling)
+
+
 def run_cell(method_names: Sequence[str], setup: train.Setup, seed: int, seeds: Sequence[int],
              laws: Mapping[str, Any], runners: dict | None = None, controls: bool = False,
-             threshold: float | None = None, checked: Sequence[str] = (),
-             parallel_compiles: int | None = None
+             threshold: float | None = None, checked: Sequence[str] = ()
              ) -> dict[str, dict[str, dict[str, np.ndarray]]]:
     """results[law][arm] = `train.Runner` output on the paired seeds `seeds` of `seed`.
 
     Arms: the methods, and with `controls` the null arm `NULL` (uniform, rewards shuffled
     within each batch) and the A/A arm `AA` (uniform on the other rollout stream: same
     task, initial policy and data order). Tasks are built once per law and shared by every
-    arm; `runners` caches compiled runners by (method, θ, null switch, setup without its
-    length), so a shape seen before (another law, another length, the A/A stream, the
-    null) is not compiled again. `checked`: methods whose first step runs in checked mode first
-    (`train.check_first_step`, on the first law's tasks; a failed check raises before any
-    of the cell's runs). `parallel_compiles`: runners compiled at once (threads; default
-    one per CPU core); 1 = one after the other (the same results).
+    arm. `runners` caches compiled runners by (computation, switches, setup without its
+    length), so a shape seen before (another law, another length) is not compiled again;
+    arms that differ only in a traced switch share one runner (`train.Runner`): uniform, its
+    A/A arm and its null; a method and its multiplicity ablation (`sera`,
+    `sera_no_multiplicity`) when both are in the cell. `checked`: methods whose first step
+    runs in checked mode first (`train.check_first_step`, on the first law's tasks; a failed
+    check raises before any of the cell's runs).
     """
     runners = {} if runners is None else runners
     keys = train.seed_keys(seed, seeds)
@@ -63,48 +68,36 @@ def run_cell(method_names: Sequence[str], setup: train.Setup, seed: int, seeds: 
     for name in (n for n in method_names if n in checked):
         train.check_first_step(method_for(name, threshold), setup, keys,
                                tasks[next(iter(laws))])
-    arms = [(n, n, 0, False) for n in method_names]
+    arms = [(n, method_for(n, threshold), 0, False) for n in method_names]
     if controls:
-        arms += [(NULL, "uniform", 0, True), (AA, "uniform", 1, False)]
-    groups: dict[tuple, list[tuple[str, int, bool]]] = {}  # runner key -> its arms
-    for arm, name, stream, null in arms:
-        method = method_for(name, threshold)
-        # uniform's runner carries the null switch whenever the cell has controls: uniform,
-        # its null and its A/A arm are one compiled program.
-        null_arm = controls and name == "uniform"
-        base = (name, dict(method.options).get("threshold"))
-        short = setup.with_(num_steps=setup.eval_every)
-        cache_key = base + (True, short)  # a runner with the switch serves the plain arm too
-        if not null_arm and cache_key not in runners:
-            cache_key = base + (False, short)
-        if cache_key not in runners:
-            runners[cache_key] = train.Runner(method, cache_key[3], null_arm)
-        groups.setdefault(cache_key, []).append((arm, stream, null))
-
-    def run_group(cache_key: tuple) -> dict[tuple[str, str], dict[str, np.ndarray]]:
-        """Every run of one compiled runner (its first call compiles it)."""
-        res = {}
-        for arm, stream, null in groups[cache_key]:
-            for law in laws:
-                t0 = time.time()
-                res[law, arm] = runners[cache_key](keys, tasks[law], setup.num_steps, stream,
-                                                   null)
-                logging.info("lab: %s on %s (%d seeds) in %.1fs", arm, law, keys.shape[0],
-                             time.time() - t0)
-        return res
-
-    # Why threads: a lab cell's wall time is XLA compilation (a run takes < 1 s once
-    # compiled), which is single-threaded and releases the GIL, so the runners compile side
-    # by side, one per core. The results do not depend on it (each run is a pure function of
-    # its keys; a test compares with the sequential order bit for bit).
-    workers = max(1, min(len(groups), parallel_compiles or os.cpu_count() or 1))
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        done = {}
-        for res in pool.map(run_group, list(groups)):
-            done.update(res)
-    for arm, *_ in arms:
+        uniform = method_for("uniform", threshold)
+        arms += [(NULL, uniform, 0, True), (AA, uniform, 1, False)]
+    # Why switches: a cell's wall time is XLA compilation (a compiled run takes < 1 s).
+    weightings: dict[tuple, set[bool]] = {}
+    for _, method, _, _ in arms:
+        weightings.setdefault(_computation(method), set()).add(method.multiplicity)
+    short = setup.with_(num_steps=setup.eval_every)
+    for arm, method, stream, null in arms:
+        comp = _computation(method)
+        need_null = controls and method.name == "uniform"
+        need_mult = len(weightings[comp]) > 1 and not method.dynamic_sampling
+        # A runner with a switch serves the arms without it too (same values, bit for bit).
+        usable = [(comp, n, True, None, short) for n in (True, False) if n >= need_null]
+        usable += [(comp, n, False, method.multiplicity, short) for n in (True, False)
+                   if n >= need_null and not need_mult]
+        key = next((k for k in usable if k in runners), None)
+        if key is None:
+            key = (comp, need_null, need_mult, None if need_mult else method.multiplicity,
+                   short)
+            runners[key] = train.Runner(
+                dataclasses.replace(method, multiplicity=True) if need_mult else method,
+                short, null_arm=need_null, multiplicity_switch=need_mult)
         for law in laws:
-            out[law][arm] = done[law, arm]
+            t0 = time.time()
+            out[law][arm] = runners[key](keys, tasks[law], setup.num_steps, stream, null,
+                                         method.multiplicity)
+            logging.info("lab: %s on %s (%d seeds) in %.1fs", arm, law, keys.shape[0],
+                         time.time() - t0)
     return out
 
 

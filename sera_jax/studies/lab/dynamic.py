@@ -166,9 +166,9 @@ def round_uniforms(setup: train_lib.Setup, k_roll: Array, t: Array, ids0: Array)
 def make_step(method: Method, setup: train_lib.Setup, tx: optax.GradientTransformation,
               shuffle: bool = False) -> Callable:
     """One dynamic-sampling training step of one seed, the signature of `train._make_step`:
-    (carry, t, train task, data key, rollout key[, null]) -> (carry, (metrics row, round-0
-    counts)); the six parts of the module docstring. No null arm (`shuffle` raises; `null`
-    is ignored): the controls are uniform's."""
+    (carry, t, train task, data key, rollout key[, null, multiplicity]) -> (carry, (metrics
+    row, round-0 counts)); the six parts of the module docstring. No null arm (`shuffle`
+    raises; the switches are ignored): the controls are uniform's."""
     if not method.dynamic_sampling:
         raise ValueError(f"method {method.name!r} does not use dynamic sampling")
     if shuffle:
@@ -181,8 +181,8 @@ def make_step(method: Method, setup: train_lib.Setup, tx: optax.GradientTransfor
     max_len = setup.horizon if setup.family == "maze" else 1
     flat = lambda x: x.reshape((num_r * budget,) + x.shape[2:])
 
-    def step(carry, t, train, k_data, k_roll, null=False):
-        del null
+    def step(carry, t, train, k_data, k_roll, null=False, multiplicity=True):
+        del null, multiplicity
         params, opt_state, h = carry
         h, ids0 = train_lib.epoch_batch(setup, h, t, k_data)
         ids = jnp.concatenate([ids0[None], refill_ids(setup, k_data, t)])  # [R, P]

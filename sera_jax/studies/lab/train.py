@@ -274,26 +274,33 @@ class Runner:
     `null_arm=True`: the runner can also run the null control (`__call__(null=True)`): the
     rewards of every batch are shuffled across its B rows before the loss and the history
     see them (a permutation drawn from the step key): same lr, budget and rollouts, no
-    reward-answer association. The switch is traced, so the method's arm, its A/A arm and
-    its null arm share ONE compiled program (the select leaves the unshuffled rewards
-    bit-identical to a runner without the switch).
+    reward-answer association. `multiplicity_switch=True`: the runner also runs the method's
+    multiplicity ablation (`__call__(multiplicity=False)`: w_q = 1{N_q > 0} instead of the
+    allocator's N0/N_q; `Method.prompt_weights`). Both switches are traced, so a method, its
+    A/A arm, its null arm and its ablation share ONE compiled program (the selects leave the
+    other arm's values bit-identical to a runner without the switch).
     """
 
-    def __init__(self, method: Method, setup: Setup, null_arm: bool = False):
-        self.method, self.setup, self.null_arm = method, setup, bool(null_arm)
+    def __init__(self, method: Method, setup: Setup, null_arm: bool = False,
+                 multiplicity_switch: bool = False):
+        if multiplicity_switch and method.dynamic_sampling:
+            raise ValueError("multiplicity_switch: not for a dynamic-sampling method")
+        self.method, self.setup = method, setup
+        self.null_arm, self.multiplicity_switch = bool(null_arm), bool(multiplicity_switch)
         self.tx = optim.make_optimizer(dict(setup.optimizer))
-        step = _make_step(method, setup, self.tx, shuffle=self.null_arm)
+        step = _make_step(method, setup, self.tx, shuffle=self.null_arm,
+                          weight_switch=self.multiplicity_switch)
 
-        def block(carry, raw_key, train, b, stream, null):
+        def block(carry, raw_key, train, b, stream, null, multiplicity):
             ts = b * setup.eval_every + jnp.arange(setup.eval_every)
             k_data, k_roll = jax.random.split(jax.random.fold_in(
                 jax.random.wrap_key_data(raw_key), 1))
             k_roll = rollout_stream(k_roll, stream)
-            carry, out = lax.scan(lambda c, t: step(c, t, train, k_data, k_roll, null),
-                                  carry, ts)
+            carry, out = lax.scan(
+                lambda c, t: step(c, t, train, k_data, k_roll, null, multiplicity), carry, ts)
             return carry, out
 
-        self._block = jax.jit(jax.vmap(block, in_axes=(0, 0, 0, None, None, None)))
+        self._block = jax.jit(jax.vmap(block, in_axes=(0, 0, 0, None, None, None, None)))
 
     def init_carry(self, params0: Any) -> tuple:
         """(params, optimiser state, empty history) of every seed."""
@@ -305,10 +312,13 @@ class Runner:
         return params0, jax.vmap(self.tx.init)(params0), h
 
     def __call__(self, keys: Array, tasks: tuple, num_steps: int | None = None,
-                 stream: int = 0, null: bool = False) -> dict[str, np.ndarray]:
+                 stream: int = 0, null: bool = False, multiplicity: bool | None = None
+                 ) -> dict[str, np.ndarray]:
         """Run every seed; `stream` 1 = the A/A rollout stream (`rollout_stream`): the same
         task, initial policy and data order, other rollout uniforms; `null`: the null
-        control (rewards shuffled within each batch; needs `null_arm=True`)."""
+        control (rewards shuffled within each batch; needs `null_arm=True`);
+        `multiplicity`: the weights' multiplicity correction (None: the method's; the other
+        value needs `multiplicity_switch=True`)."""
         s = self.setup
         num_steps = s.num_steps if num_steps is None else num_steps
         if num_steps % s.eval_every:
@@ -319,13 +329,17 @@ class Runner:
         if null and not self.null_arm:
             raise ValueError("null=True needs a runner built with null_arm=True (the "
                              "shuffle is compiled into the program)")
+        multiplicity = self.method.multiplicity if multiplicity is None else bool(multiplicity)
+        if multiplicity != self.method.multiplicity and not self.multiplicity_switch:
+            raise ValueError(f"multiplicity={multiplicity} needs a runner built with "
+                             "multiplicity_switch=True (the weights are compiled in)")
         train, test, params0 = tasks
         carry = self.init_carry(params0)
         evals = [_evaluate_seeds(params0, train, test, s.ks, s.family)]
         rows, counts = [], []
         for b in range(num_steps // s.eval_every):
             carry, (r, c) = self._block(carry, keys, train, jnp.int32(b), jnp.int32(stream),
-                                         jnp.bool_(null))
+                                         jnp.bool_(null), jnp.bool_(multiplicity))
             rows.append(r)
             counts.append(c)
             evals.append(_evaluate_seeds(carry[0], train, test, s.ks, s.family))
@@ -390,8 +404,8 @@ def rollout_uniforms(setup: Setup, k_roll: Array, t: Array) -> Array:
 
 def batch_gradient(method: Method, setup: Setup, params: Any, train: Any, ids: Array,
                    p_hat: Array, post: tuple[Array, Array], u: Array,
-                   shuffle_key: Array | None = None, shuffle: Array | bool = True
-                   ) -> tuple[Any, Array, dict[str, Any]]:
+                   shuffle_key: Array | None = None, shuffle: Array | bool = True,
+                   multiplicity: Array | None = None) -> tuple[Any, Array, dict[str, Any]]:
     """One batch's (∇ surrogate loss, loss, aux): steps 3-5 of the module docstring.
 
     The plan (`_plan`, after the pilot of a two-stage method), rollout row r = rollout
@@ -400,8 +414,10 @@ def batch_gradient(method: Method, setup: Setup, params: Any, train: Any, ids: A
     policy gradient, whose expectation over u is (1/P) Σ_q (w_q N_q/N0) κ̄_q ∇log p_q
     (SERA_SPEC). `shuffle_key`: the null arm's permutation of the B rewards (the batch's
     rewards are kept, their assignment to rollouts is lost), applied where `shuffle` (a
-    traced switch: one program for the arm and its null) is true. aux: plan, rewards, k1 (the
-    pilot's successes or None). Pure: jit/vmap-able (tests vmap it over many u).
+    traced switch: one program for the arm and its null) is true. `multiplicity` (traced, or
+    None: the method's): false replaces the plan's weights by 1{N_q > 0}, the ablation's
+    (`Method.prompt_weights`), so a method and its ablation are one program. aux: plan,
+    rewards, k1 (the pilot's successes or None). Pure: jit/vmap-able (tests vmap it over many u).
     """
     fam = FAMILIES[setup.family]
     num_p = setup.prompts_per_step
@@ -419,6 +435,9 @@ def batch_gradient(method: Method, setup: Setup, params: Any, train: Any, ids: A
         j = jnp.tile(jnp.arange(pilot), num_p)
         k1 = jnp.sum(draw(q, j)[1].reshape(num_p, pilot), axis=1)
     plan = _plan(method, setup, p_hat, post, k1)
+    if multiplicity is not None:
+        plan = plan._replace(prompt_weights=jnp.where(
+            multiplicity, plan.prompt_weights, (plan.counts > 0).astype(jnp.float32)))
     actions, rewards = draw(plan.segment_ids, plan.ranks)
     if shuffle_key is not None:
         shuffled = rewards[jax.random.permutation(shuffle_key, rewards.shape[0])]
@@ -459,11 +478,13 @@ def epoch_batch(setup: Setup, h: history_lib.SuccessHistory, t: Array, k_data: A
 
 
 def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation,
-               shuffle: bool = False, checked: bool = False) -> Callable:
+               shuffle: bool = False, checked: bool = False, weight_switch: bool = False
+               ) -> Callable:
     """One training step of one seed: (carry, t, train task, data key, rollout key) ->
     (carry, (metrics row, counts)); see the module docstring for its six parts. `shuffle`:
     the step takes a traced `null` switch (the null arm: `batch_gradient`'s shuffle_key from
-    the step key) as its sixth argument; without it the argument is ignored. `checked`: add the
+    the step key) as its sixth argument; `weight_switch`: a traced `multiplicity` switch as
+    its seventh (`batch_gradient`); without them those arguments are ignored. `checked`: add the
     checked-mode value checks (`sera_jax.checks`, for `checks.jit_checked`) on what the step
     hands the library and gets back (`check_first_step`). A dynamic-sampling method gets
     `lab.dynamic.make_step` (same signature, unchecked)."""
@@ -474,7 +495,7 @@ def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation,
     num_p = setup.prompts_per_step
     fam = FAMILIES[setup.family]
 
-    def step(carry, t, train, k_data, k_roll, null=False):
+    def step(carry, t, train, k_data, k_roll, null=False, multiplicity=True):
         params, opt_state, h = carry
         h, ids = epoch_batch(setup, h, t, k_data)
         p_hat = history_lib.lookup(h, ids)
@@ -482,7 +503,8 @@ def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation,
         shuffle_key = (jax.random.fold_in(jax.random.fold_in(k_roll, t), NULL_TAG)
                        if shuffle else None)
         grads, loss, aux = batch_gradient(method, setup, params, train, ids, p_hat,
-                                          _posterior(h, ids), u, shuffle_key, null)
+                                          _posterior(h, ids), u, shuffle_key, null,
+                                          multiplicity if weight_switch else None)
         plan, rewards, k1 = aux["plan"], aux["rewards"], aux["k1"]
         counts, seg = plan.counts, plan.segment_ids
         exact = exact_gradient(setup.family, params, train, ids)

@@ -137,30 +137,33 @@ def test_aa_arms_differ_only_in_their_rollout_key(monkeypatch):
                                   jax.random.key_data(jax.random.fold_in(k, train.AA_TAG)))
 
 
-def test_a_cell_with_controls_compiles_one_runner_per_method():
-    """uniform, its null and its A/A arm share one compiled program; a later cell without
-    controls (the sweep's θ table) reuses it; the null arm is paired with uniform; runners
-    compiled in parallel threads give the sequential results."""
+def test_a_cell_compiles_one_runner_per_computation():
+    """uniform, its null and its A/A arm share one compiled program, and so do SERA and its
+    multiplicity ablation (traced switches); each arm equals its own plain runner bit for
+    bit; a later cell without controls (the sweep's θ table) reuses the runners."""
     from sera_jax.studies.lab import cells
 
-    runners, seeds = {}, (0, 1)
-    out = cells.run_cell(["uniform", "sera"], SETUP, 0, seeds, {"maze": "maze"}, runners,
-                         controls=True, parallel_compiles=2)["maze"]
-    assert len(runners) == 2 and list(out) == ["uniform", "sera", cells.NULL, cells.AA]
-    # The runners compiled side by side give what one after the other gives, bit for bit.
-    seq = cells.run_cell(["uniform", "sera"], SETUP, 0, seeds, {"maze": "maze"}, runners,
-                         controls=True, parallel_compiles=1)["maze"]
-    for arm in out:
-        for k in out[arm]:
-            np.testing.assert_array_equal(seq[arm][k], out[arm][k], err_msg=f"{arm} {k}")
-    assert [k[2] for k in runners] == [True, False]  # (name, θ, null switch, setup)
-    again = cells.run_cell(["uniform"], SETUP, 0, seeds, {"maze": "maze"}, runners)["maze"]
+    runners, seeds, laws = {}, (0, 1), {"maze": "maze"}
+    names = ["uniform", "sera", "sera_no_multiplicity"]
+    out = cells.run_cell(names, SETUP, 0, seeds, laws, runners, controls=True)["maze"]
+    assert list(out) == names + [cells.NULL, cells.AA]
+    # (computation, null switch, multiplicity switch, fixed multiplicity, setup)
+    assert sorted(k[1:4] for k in runners) == [(False, True, None), (True, False, True)]
+    keys, tasks = train.seed_keys(0, seeds), train.make_tasks(SETUP, 0, seeds, "maze")
+    for name in ("sera_no_multiplicity", "sera"):
+        plain = train.Runner(cells.method_for(name), SETUP)(keys, tasks)
+        for k in plain:
+            np.testing.assert_array_equal(out[name][k], plain[k], err_msg=f"{name} {k}")
+    assert not np.array_equal(out["sera"]["pass_at_k"], out["sera_no_multiplicity"]["pass_at_k"])
+    again = cells.run_cell(["uniform", "sera"], SETUP, 0, seeds, laws, runners)["maze"]
     assert len(runners) == 2
-    np.testing.assert_array_equal(again["uniform"]["pass_at_k"], out["uniform"]["pass_at_k"])
+    np.testing.assert_array_equal(again["sera"]["pass_at_k"], out["sera"]["pass_at_k"])
     j = train.STEP_METRICS.index("reward_mean")
     np.testing.assert_array_equal(out[cells.NULL]["steps"][:, 0, j],
                                   out["uniform"]["steps"][:, 0, j])
     assert not np.array_equal(out[cells.NULL]["steps"], out["uniform"]["steps"])
+    with pytest.raises(ValueError, match="multiplicity=False needs a runner built with"):
+        train.Runner(cells.method_for("sera"), SETUP)(keys, tasks, multiplicity=False)
 
 
 # ----------------------------------------------------------------------------- the gate
