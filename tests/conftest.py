@@ -23,12 +23,11 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 _OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
 if _OWN_CACHE:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="sera_jax_tests_xla_")
-    os.environ["SERA_JAX_TESTS_OWN_CACHE"] = "1"
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 
 def pytest_unconfigure(config):
-    """The controller removes the session's cache directory (workers leave it)."""
-    if (_OWN_CACHE and os.environ.get("SERA_JAX_TESTS_OWN_CACHE") == "1"
-            and not hasattr(config, "workerinput")):
+    """The process that made the session's cache directory removes it (the xdist workers
+    inherit the variable, so their `_OWN_CACHE` is false)."""
+    if _OWN_CACHE and not hasattr(config, "workerinput"):
         shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
