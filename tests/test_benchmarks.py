@@ -14,6 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# Slow, as the other benchmark scripts end to end; CI runs it.
+@pytest.mark.slow
 def test_allocation_bench_runs_and_matches_numpy():
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "allocation_bench.py"), "--sizes", "256",

@@ -137,6 +137,9 @@ def test_imagenet_config_on_mock_data(tmp_path, mode):
         assert all(-1 <= r["cosine"] <= 1 for r in res["rows"])
 
 
+# Slow: the two-stage pilot and its gradient are tested in test_gradients.py (fast); this is
+# the study end to end with it.
+@pytest.mark.slow
 def test_two_stage_method_end_to_end(tmp_path):
     """sera_sequential (pilot, then allocation per draw) and sera_posterior in measure mode
     at tiny size; refused by train mode before any work."""

@@ -142,6 +142,9 @@ def test_maze_family_step_counts_every_generated_rollout():
     assert max(seen) > 1  # some step refilled
 
 
+# Slow: three more lab programs; the DAPO step and `cells.report_matched`'s inputs are tested
+# above in the fast suite.
+@pytest.mark.slow
 def test_study_reports_dapo_at_matched_generation(tmp_path):
     """dapo and sera_dapo end to end (answer task; the maze family's step: above): the
     matched-generation table (numbers: `cells.report_matched`), generated = rounds × B."""

@@ -1,6 +1,12 @@
 """notebooks/allocation_lab.ipynb executes top to bottom (tiny settings)."""
 
+import pytest
+
 from tests import util
+
+# Slow: the notebook re-runs its study in a kernel (the study itself is tested end to end in
+# the fast suite); `make test-slow` runs it in CI.
+pytestmark = pytest.mark.slow
 
 
 def test_notebook_executes(monkeypatch):

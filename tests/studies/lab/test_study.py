@@ -148,6 +148,9 @@ def test_a_new_allocator_runs_as_a_method(tmp_path, monkeypatch):
     assert "| toy |" in out["summary"]
 
 
+# Slow: eight programs (2 lrs × 2 methods, 2 θ, the main cell); the sweep's gate and table
+# stay in the fast suite (test_lr_sweep_on_the_maze_family_runs_its_cell).
+@pytest.mark.slow
 def test_lr_sweep_gates_each_lr_and_tables_theta(tmp_path):
     """The sweep: lr 0 fails the gate (✗), the selected lr is an admissible one, and the θ
     table has one row per θ (configs/allocation_lab/lr_sweep.py is valid)."""

@@ -67,8 +67,13 @@ def test_paired_and_deterministic(tasks, sera_runner, uniform_run, sera_run):
     """Same initial policy and the same random numbers: identical while the allocations
     coincide (the whole first epoch); a second run is bit-identical, another seed is not."""
     spe = SETUP.steps_per_epoch
-    np.testing.assert_array_equal(uniform_run["steps"][:, :spe], sera_run["steps"][:, :spe])
-    np.testing.assert_array_equal(uniform_run["pass_at_k"][:, 0], sera_run["pass_at_k"][:, 0])
+    # Two different programs: equal up to XLA's choice of fusion and reduction order (bit for
+    # bit with the default CPU flags, within 1e-7 with the suite's faster-compiling ones);
+    # unpaired random numbers or policies would differ by O(1e-1).
+    equal = dict(rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(uniform_run["steps"][:, :spe], sera_run["steps"][:, :spe], **equal)
+    np.testing.assert_allclose(uniform_run["pass_at_k"][:, 0], sera_run["pass_at_k"][:, 0],
+                               **equal)
     assert _same(sera_runner(*tasks), sera_run)
     other = sera_runner(train.seed_keys(1, SEEDS), train.make_tasks(SETUP, 1, SEEDS, "maze"))
     assert not np.array_equal(other["pass_at_k"], sera_run["pass_at_k"])

@@ -1,7 +1,13 @@
 """notebooks/maze.ipynb executes top to bottom (without a finished run it trains a tiny
 policy and skips the comparison plot)."""
 
+import pytest
+
 from tests import util
+
+# Slow: the notebook re-runs its study in a kernel (the study itself is tested end to end in
+# the fast suite); `make test-slow` runs it in CI.
+pytestmark = pytest.mark.slow
 
 
 def test_notebook_executes(monkeypatch, tmp_path):
