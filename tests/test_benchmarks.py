@@ -89,12 +89,14 @@ def test_rl_step_bench_jax_side(rl_step_report):
 
 
 @pytest.mark.slow
-def test_rl_step_bench_torch_side(rl_step_report):
+@pytest.mark.xdist_group(name="tests/test_benchmarks.py::rl_step_report")  # see conftest
+def test_rl_step_bench_torch_side(request):
     """The PyTorch step runs next to it, with the same model (log-probs agree)."""
     pytest.importorskip("torch", reason="torch is not installed: the PyTorch side of "
                         "rl_step_bench is skipped (install it with `make hf-deps`)")
     pytest.importorskip("transformers", reason="transformers is not installed (make hf-deps)")
-    stdout, report = rl_step_report
+    # Requested only now: without torch the skip costs nothing (not the benchmark's run).
+    stdout, report = request.getfixturevalue("rl_step_report")
     rows = _section_rows(report, "PyTorch uniform")
     assert "maze" in rows, report
     for suffix in VARIANTS.values():
