@@ -27,14 +27,14 @@ allocation-demo: $(STAMP)
 # Two workers: the suite is dominated by XLA compiles, which are single-threaded.
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow" tests
+	$(PY) -m pytest -q -n 2 -m "not slow" tests
 
 # The long checks (embedded SmolLM2, two-process trainer, a million prompts, ...).
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m slow tests
+	$(PY) -m pytest -q -n 2 -m slow tests
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadgroup tests
+	$(PY) -m pytest -q -n 2 tests
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -41,34 +41,3 @@ def pytest_unconfigure(config):
     inherit the variable, so their `_OWN_CACHE` is false)."""
     if _OWN_CACHE and not hasattr(config, "workerinput"):
         shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
-
-
-def pytest_collection_modifyitems(config, items):
-    """Tests sharing a module-scoped fixture run on one xdist worker (`--dist loadgroup`, as
-    the Makefile runs the suite): such fixtures are whole study runs (the maze pipeline, a
-    benchmark's report), and with plain `--dist load` each worker that gets one of their tests
-    builds the fixture again. Fixtures that one test uses together form one group; a test
-    that requests its fixture lazily carries the group's mark itself."""
-    import pytest
-
-    parent: dict[str, str] = {}
-
-    def root(key: str) -> str:
-        while parent[key] != key:
-            key = parent[key]
-        return key
-
-    uses = []
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        keys = [f"{defs[-1].baseid}::{name}" for name, defs in
-                (info.name2fixturedefs.items() if info else ())
-                if defs and defs[-1].scope == "module"]
-        for key in keys:
-            parent.setdefault(key, key)
-        for key in keys[1:]:
-            parent[root(key)] = root(keys[0])
-        uses.append((item, keys))
-    for item, keys in uses:
-        if keys and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(name=root(keys[0])))

@@ -89,7 +89,6 @@ def test_rl_step_bench_jax_side(rl_step_report):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group(name="tests/test_benchmarks.py::rl_step_report")  # see conftest
 def test_rl_step_bench_torch_side(request):
     """The PyTorch step runs next to it, with the same model (log-probs agree)."""
     pytest.importorskip("torch", reason="torch is not installed: the PyTorch side of "
