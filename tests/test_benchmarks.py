@@ -94,7 +94,7 @@ def test_rl_step_bench_torch_side(request):
     pytest.importorskip("torch", reason="torch is not installed: the PyTorch side of "
                         "rl_step_bench is skipped (install it with `make hf-deps`)")
     pytest.importorskip("transformers", reason="transformers is not installed (make hf-deps)")
-    # Requested only now: without torch the skip costs nothing (not the benchmark's run).
+    # Requested after the skips: without torch this test costs nothing, not a smoke run.
     stdout, report = request.getfixturevalue("rl_step_report")
     rows = _section_rows(report, "PyTorch uniform")
     assert "maze" in rows, report
