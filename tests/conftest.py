@@ -41,3 +41,39 @@ def pytest_unconfigure(config):
     inherit the variable, so their `_OWN_CACHE` is false)."""
     if _OWN_CACHE and not hasattr(config, "workerinput"):
         shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+
+
+# Test modules whose module-scoped fixture is a whole study run (the maze `finished` and
+# `pipeline` fixtures: 25-40 s each; the lab's trained runners): their tests go to one
+# worker together, so the fixture is built once per session, not once per worker that
+# happens to draw one of its tests. Every other test is its own unit, as with `--dist load`.
+ONE_WORKER_MODULES = frozenset({
+    "tests/studies/maze/test_study.py",
+    "tests/studies/lab/test_train.py",
+})
+
+
+class _OneWorkerModules:
+    """pytest-xdist scheduler hook (registered only when xdist is active: the hook is xdist's)."""
+
+    @staticmethod
+    def pytest_xdist_make_scheduler(config, log):
+        """`--dist load` with the modules above kept whole. Why not `--dist loadgroup`:
+        xdist 3.8 groups by renaming `item._nodeid`, which pytest 9.2 no longer reads."""
+        if config.getvalue("dist") != "load":
+            return None  # an explicit other --dist is the user's choice
+        from xdist.scheduler import LoadScopeScheduling
+
+        class Scheduling(LoadScopeScheduling):
+            # LoadScopeScheduling queues the largest units first (`--loadscope-reorder`, on
+            # by default), so the long module units start at once instead of ending the run.
+            def _split_scope(self, nodeid: str) -> str:
+                module = nodeid.split("::", 1)[0]
+                return module if module in ONE_WORKER_MODULES else nodeid
+
+        return Scheduling(config, log)
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_OneWorkerModules(), "sera_jax_one_worker_modules")
