@@ -21,7 +21,10 @@ def test_demo_writes_table_and_plot(tmp_path):
     png = (tmp_path / "allocation_demo.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     table = (tmp_path / "allocation_demo.md").read_text()
-    assert "| method |" in out.stdout and "wrote" in out.stdout
+    assert "| method |" in out.stdout
+    # The last line says where the files are (every study binary: `common.outputs_line`).
+    assert out.stdout.splitlines()[-1] == (
+        f"outputs in {tmp_path}: allocation_demo.md, allocation_demo.png")
     # Per-prompt rows: 6 prompts, sorted by p̂, each with N / κ / w for three allocators.
     rows = [r for r in table.splitlines() if re.match(r"^\| \d+ \|", r)]
     assert len(rows) == 6

@@ -19,9 +19,15 @@ def test_unchecked_entry_points_accept_bad_values_under_jit():
     assert adv.shape == (3,)
 
 
+# One checked program per module, shared by the parametrised cases (p and the rewards are
+# traced, so every case runs the same compiled check; a fresh lambda per case recompiled it).
+_CHECKED_ALLOCATE = checks.jit_checked(lambda p: checks.allocate(p, 64, n_min=2, n_max=16).counts)
+_CHECKED_MAXRL = checks.jit_checked(lambda r, s: checks.maxrl(r, s, 2))
+
+
 @pytest.mark.parametrize("bad", [-0.5, 1.5, np.inf])
 def test_allocate_refuses_p_outside_the_unit_interval_under_jit(bad):
-    fn = checks.jit_checked(lambda p: checks.allocate(p, 64, n_min=2, n_max=16).counts)
+    fn = _CHECKED_ALLOCATE
     with pytest.raises(checks.CheckError, match=rf"allocate: p\[1\]={bad} is outside \[0, 1\]"):
         fn(jnp.array([0.2, bad, 0.5, 0.7]))
     ok = np.asarray(fn(jnp.array([0.2, np.nan, 0.5, 0.7])))  # NaN = unseen: allowed
@@ -37,7 +43,7 @@ def test_allocate_refuses_p_outside_the_unit_interval_under_jit(bad):
     ([1.0, np.nan, 0.0], [0, 1, 1], r"rewards\[1\]=nan"),
 ])
 def test_maxrl_refuses_bad_segments_and_rewards_under_jit(rewards, ids, match):
-    fn = checks.jit_checked(lambda r, s: checks.maxrl(r, s, 2))
+    fn = _CHECKED_MAXRL
     with pytest.raises(checks.CheckError, match=match):
         fn(jnp.asarray(rewards), jnp.asarray(ids, jnp.int32))
     good = fn(jnp.array([1.0, 0.0, 1.0]), jnp.array([0, 0, 1], jnp.int32))

@@ -159,6 +159,4 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     with open(os.path.join(workdir, "allocation_demo.md"), "w") as f:
         f.write(header + text + "\n")
     plot(p, allocs, os.path.join(workdir, "allocation_demo.png"))
-    summary = (header + text + f"\n\nwrote {workdir}/allocation_demo.md and "
-               "allocation_demo.png")
-    return {"summary": summary, "allocations": allocs}
+    return {"summary": header + text, "allocations": allocs}

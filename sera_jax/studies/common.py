@@ -70,10 +70,35 @@ def unknown_override(argv: Sequence[str], config: ml_collections.ConfigDict,
         if path not in known and moved is not None:
             return f"--{flag}.{path}: this field was renamed; use --{flag}.{moved}"
         if path not in known:
-            close = difflib.get_close_matches(path, keys, n=1, cutoff=0.6)
-            hint = f"; did you mean --{flag}.{close[0]}?" if close else ""
+            homes = same_name_fields(path, keys)
+            close = homes or difflib.get_close_matches(path, keys, n=1, cutoff=0.6)
+            hint = (f"; did you mean {' or '.join(f'--{flag}.{k}' for k in close)}?"
+                    if close else "")
             return f"--{flag}.{path}: the config has no field {path!r}{hint}"
     return None
+
+
+def same_name_fields(path: str, keys: Sequence[str], limit: int = 3) -> list[str]:
+    """The fields of `keys` with the last name of `path` (`rl.n_max` -> `rl.allocation.n_max`):
+    where a field moved to another block. Spelling similarity (difflib) alone misleads here
+    (`rl.n_min` is nearest to `rl.sampling`, `rl.learning_rate` to `sft.learning_rate`), so
+    these come first, ranked by how many leading names they share with `path`; the best
+    ones, at most `limit`, in `keys` order."""
+    parts = path.split(".")
+    matches = [k for k in keys if k.split(".")[-1] == parts[-1]]
+    if not matches:
+        return []
+
+    def shared(key: str) -> int:
+        n = 0
+        for a, b in zip(key.split("."), parts):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    best = max(map(shared, matches))
+    return [k for k in matches if shared(k) == best][:limit]
 
 
 def _config_path(argv: Sequence[str], default: str, flag: str = "config") -> str:
@@ -135,9 +160,9 @@ def binary(run: Callable[[ml_collections.ConfigDict, str | None], Any], default_
     """The whole main of every study binary: `--config` (default `default_config`, a path
     relative to the repository root) and `--workdir`, overrides checked against the config
     file before absl parses them, the persistent compilation cache under the workdir,
-    one-line errors, and `result["summary"]` printed when `run(config, workdir)` returns
-    one. A binary defines its extra flags (absl) before calling this and reads them in
-    `run`."""
+    one-line errors, `result["summary"]` printed when `run(config, workdir)` returns one, and
+    last a line saying where the outputs are (`outputs_line`). A binary defines its extra
+    flags (absl) before calling this and reads them in `run`."""
     from ml_collections import config_flags
 
     main_file = getattr(sys.modules.get("__main__"), "__file__", None) or os.getcwd()
@@ -156,10 +181,21 @@ def binary(run: Callable[[ml_collections.ConfigDict, str | None], Any], default_
             result = run(config.value, workdir.value)
             if isinstance(result, Mapping) and "summary" in result:
                 print(result["summary"])
+            if workdir.value and os.path.isdir(workdir.value):
+                print(outputs_line(workdir.value))
 
         main(call)
 
     run_app(main_fn, default)
+
+
+def outputs_line(workdir: str) -> str:
+    """`outputs in <absolute workdir>: <its entries>` (folders end in '/'; hidden ones, such
+    as the compilation cache, are left out): the last line a binary prints, so a run that
+    ends with tables still says where its files are."""
+    names = sorted(n + ("/" if os.path.isdir(os.path.join(workdir, n)) else "")
+                   for n in os.listdir(workdir) if not n.startswith("."))
+    return f"outputs in {os.path.abspath(workdir)}: {', '.join(names) or '(nothing)'}"
 
 
 def enable_compilation_cache(workdir: str | None) -> None:
@@ -336,5 +372,5 @@ def append_eval(run_dir: str, record: Mapping[str, Any]) -> None:
 
 __all__ = ["RolloutCounter", "StudyError", "append_eval", "cached_json", "check", "check_overrides",
            "config_keys", "enable_compilation_cache", "flags_parser", "float_list", "int_list",
-           "main", "method_names", "nonempty", "positive_int", "prepare_workdir", "run_app",
-           "unknown_override"]
+           "main", "method_names", "nonempty", "outputs_line", "positive_int",
+           "prepare_workdir", "run_app", "same_name_fields", "unknown_override"]

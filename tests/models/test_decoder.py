@@ -617,12 +617,19 @@ def test_shared_prefix_logprobs_equal_the_per_row_forward(variant):
     def per_row(m):
         return token_logprobs(m, tokens, mask, start=w)
 
-    got, want = nnx.jit(shared)(model), nnx.jit(per_row)(model)
+    def logprobs_and_grad(f):
+        """(log-probs, ∇ Σ weights · log-probs): one compiled program per side, not two."""
+        def loss(m):
+            lp = f(m)
+            return jnp.sum(weights * lp), lp
+
+        (_, lp), grad = nnx.jit(nnx.value_and_grad(loss, has_aux=True))(model)
+        return lp, grad
+
+    (got, grad_shared), (want, grad_per_row) = map(logprobs_and_grad, (shared, per_row))
     assert got.shape == (r, t) and not np.asarray(got)[~completion_mask].any()
     np.testing.assert_allclose(got, want, atol=1e-5)
-    grads = [nnx.jit(nnx.grad(lambda m, f=f: jnp.sum(weights * f(m))))(model)
-             for f in (shared, per_row)]
-    for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1]), strict=True):
+    for a, b in zip(jax.tree.leaves(grad_shared), jax.tree.leaves(grad_per_row), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
     one = nnx.jit(shared_prefix_logprobs)(  # T = 1: the prompts' forward alone
         model, jnp.asarray(prompts), jnp.asarray(prompt_mask), jnp.asarray(row_prompt),

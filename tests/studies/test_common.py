@@ -7,6 +7,7 @@ import sys
 import ml_collections
 import pytest
 
+from sera_jax import config_files
 from sera_jax.studies import common
 from tests import util
 
@@ -59,6 +60,26 @@ def test_unknown_override_names_the_nearest_key():
     assert common.unknown_override(["--config.rl.num_steps=3"], c) is None
     msg = common.unknown_override(["--workdir=x", "--config.rl.optimizer.learning_rat=1"], c)
     assert "did you mean --config.rl.optimizer.learning_rate?" in msg
+
+
+def test_a_moved_field_names_its_new_home():
+    """A field under its old block is suggested where its name now lives, not the nearest
+    spelling: difflib alone said nothing for `rl.n_max`, `rl.sampling` for `rl.n_min` and
+    `sft.learning_rate` for `rl.learning_rate`."""
+    c = config_files.get_config(os.path.join(util.ROOT, "configs", "maze", "cpu.py"))
+    for old, new in (("rl.n_max", "rl.allocation.n_max"), ("rl.n_min", "rl.allocation.n_min"),
+                     ("rl.threshold", "rl.allocation.threshold"),
+                     ("rl.learning_rate", "rl.optimizer.learning_rate"),
+                     ("rl.eps", "rl.optimizer.eps")):
+        assert common.unknown_override([f"--config.{old}=1"], c) == (
+            f"--config.{old}: the config has no field {old!r}; did you mean --config.{new}?")
+    # No block in common: every field of that name (in `config_keys` order), at most three.
+    msg = common.unknown_override(["--config.learning_rate=1"], c)
+    assert msg.endswith("did you mean --config.rl.optimizer.learning_rate or "
+                        "--config.sft.learning_rate?"), msg
+    # A misspelt name still gets the nearest spelling.
+    assert common.unknown_override(["--config.rl.allocation.nmax=3"], c).endswith(
+        "did you mean --config.rl.allocation.n_max?")
 
 
 @pytest.mark.parametrize("args, match", [

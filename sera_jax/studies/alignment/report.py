@@ -56,16 +56,29 @@ def aggregate(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def plot_alignment(table: Sequence[dict[str, Any]], path: str, stages: Sequence[str],
-                   methods: Sequence[str]) -> None:
-    """Cosine vs budget, one line per allocator with ±1 std-error bars, one panel per stage."""
+#: The two methods the study compares stand out (strong colours, thick, drawn on top); every
+#: other allocator is a thin, faded peer in a colour of its own.
+HEADLINE_STYLE = {"uniform": {"color": "black", "lw": 2.4, "alpha": 1.0, "zorder": 4},
+                  "sera": {"color": "tab:red", "lw": 2.4, "alpha": 1.0, "zorder": 5}}
+PEER_STYLE = {"lw": 1.0, "alpha": 0.45, "zorder": 2}
+
+
+def alignment_figure(table: Sequence[dict[str, Any]], stages: Sequence[str],
+                     methods: Sequence[str]):
+    """Cosine vs budget, one line per allocator with ±1 std-error bars, one panel per stage;
+    uniform and SERA in `HEADLINE_STYLE`, peers in `PEER_STYLE` (tab10 colours, skipping
+    red), one legend below the panels (never over a curve). Returns the matplotlib Figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(stages), figsize=(4.2 * len(stages), 3.6), squeeze=False,
+    fig, axes = plt.subplots(1, len(stages), figsize=(4.2 * len(stages), 4.4), squeeze=False,
                              sharey=True)
+    palette = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 3]  # 3: red
+    peers = [m for m in methods if m not in HEADLINE_STYLE]
+    style = {m: {**PEER_STYLE, "color": palette[i % len(palette)]} for i, m in enumerate(peers)}
+    style.update(HEADLINE_STYLE)
     for ax, stage in zip(axes[0], stages):
         for name in methods:
             rs = sorted((r for r in table if r["stage"] == stage and r["method"] == name),
@@ -74,15 +87,26 @@ def plot_alignment(table: Sequence[dict[str, Any]], path: str, stages: Sequence[
                 continue
             ax.errorbar([r["budget"] for r in rs], [r["cosine"] for r in rs],
                         yerr=[r["cosine_se"] for r in rs], marker="o", ms=3, capsize=2,
-                        lw=2.2 if name in ("uniform", "sera") else 1.0,
-                        label=methods_lib.get_method(name).label)
+                        label=methods_lib.get_method(name).label, **style[name])
         ax.set_xscale("log", base=2)
         ax.set_title(stage)
         ax.set_xlabel("budget N0 (rollouts per image)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("cosine to exact CE gradient")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    rows = -(-len(labels) // 5)
+    fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels)), fontsize=7,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.05 * rows + 0.02, 1, 1))
+    return fig
+
+
+def plot_alignment(table: Sequence[dict[str, Any]], path: str, stages: Sequence[str],
+                   methods: Sequence[str]) -> None:
+    """`alignment_figure` saved as a PNG at `path`."""
+    import matplotlib.pyplot as plt
+
+    fig = alignment_figure(table, stages, methods)
     fig.savefig(path, dpi=130)
     plt.close(fig)
 

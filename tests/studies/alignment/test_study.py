@@ -57,6 +57,8 @@ def test_digits_measure_binary_writes_outputs(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "SERA (dynamic) vs uniform" in out.stdout
+    assert out.stdout.splitlines()[-1] == (
+        f"outputs in {tmp_path}: alignment.csv, alignment.png, summary.md, tensorboard/")
     with open(tmp_path / "alignment.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 * 2 * 2 * 2  # stages x budgets x allocators x draws
