@@ -89,13 +89,8 @@ def same_name_fields(path: str, keys: Sequence[str], limit: int = 3) -> list[str
     if not matches:
         return []
 
-    def shared(key: str) -> int:
-        n = 0
-        for a, b in zip(key.split("."), parts):
-            if a != b:
-                break
-            n += 1
-        return n
+    def shared(key: str) -> int:  # leading names in common (commonprefix works on lists)
+        return len(os.path.commonprefix([key.split("."), parts]))
 
     best = max(map(shared, matches))
     return [k for k in matches if shared(k) == best][:limit]
