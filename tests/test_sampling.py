@@ -395,8 +395,7 @@ def _spy_generate(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("rows_per_call", [12, 5])
-def test_generate_rows_prefills_distinct_prompts_per_chunk(model, monkeypatch, rows_per_call):
+def test_generate_rows_prefills_distinct_prompts_per_chunk(model, monkeypatch):
     """`generate_rows` gives every row the tokens of sampling its expanded prompt row with
     its key, for any chunking (the last chunk is padded with the last row), while each call
     prefills only the chunk's distinct prompts (4 for 12 rows in one call; 1-4 for 5)."""
@@ -406,16 +405,16 @@ def test_generate_rows_prefills_distinct_prompts_per_chunk(model, monkeypatch, r
     want = generate(model, tokens[row_prompt], mask[row_prompt], None, SAMPLED,
                     row_keys=row_keys)
     calls = _spy_generate(monkeypatch)
-    got = sampling.generate_rows(model, np.asarray(tokens), np.asarray(mask), row_prompt,
-                                 row_keys, SAMPLED, rows_per_call=rows_per_call)
-    assert isinstance(got.tokens, np.ndarray) and got.tokens.shape == (12, 6)
-    np.testing.assert_array_equal(got.tokens, want.tokens)
-    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
-    np.testing.assert_array_equal(got.lengths, want.lengths)
-    if rows_per_call == 12:
-        assert calls == [(4, True)]
-    else:  # rows 0-4, 5-9, 10-11 (+ three copies of row 11): 2, 3 (4 slots), 1 prompts
-        assert calls == [(2, True), (4, True), (1, True)]
+    # rows 0-4, 5-9, 10-11 (+ three copies of row 11): 2, 3 (4 slots), 1 prompts
+    for rows_per_call, prefills in ((12, [(4, True)]), (5, [(2, True), (4, True), (1, True)])):
+        calls.clear()
+        got = sampling.generate_rows(model, np.asarray(tokens), np.asarray(mask), row_prompt,
+                                     row_keys, SAMPLED, rows_per_call=rows_per_call)
+        assert isinstance(got.tokens, np.ndarray) and got.tokens.shape == (12, 6)
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+        np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+        np.testing.assert_array_equal(got.lengths, want.lengths)
+        assert calls == prefills, rows_per_call
     calls.clear()
     sampling.generate_rows(model, np.asarray(tokens), np.asarray(mask), row_prompt, row_keys,
                            SAMPLED, rows_per_call=12, prompt_slots=8)

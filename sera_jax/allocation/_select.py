@@ -7,6 +7,7 @@ from. Nothing here knows about probabilities or κ.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
@@ -126,6 +127,18 @@ def _any(x: Array) -> Array:
     return _reduce((x.astype(jnp.int32),), ">")[0] > 0
 
 
+def _at_both(fn, x0: Array, x1: Array) -> tuple[Array, Array]:
+    """``(fn(x0), fn(x1))`` for a scalar-valued ``fn`` through ONE traced copy of ``fn`` (a
+    two-step loop). Why: every call site of a function is compiled separately, and the
+    searches' ``total`` can be large (the dynamic rule's feasibility count holds four
+    passes over the batch): two inlined copies made the rule's program half again as big
+    to compile, for the same passes at run time."""
+    out = jax.eval_shape(fn, x0)
+    init = jnp.zeros((2,), out.dtype)
+    return tuple(lax.fori_loop(
+        0, 2, lambda i, ys: ys.at[i].set(fn(jnp.where(i == 0, x0, x1))), init))
+
+
 def _search(total, target, lo, hi, dtype=None, ends=None, warp=None):
     """Smallest ``v`` in ``(lo, hi]`` (unsigned or int keys) with ``total(v) >= target`` for
     a nondecreasing step function ``total``, given ``total(lo) < target <= total(hi)``.
@@ -183,7 +196,7 @@ def _search(total, target, lo, hi, dtype=None, ends=None, warp=None):
         return (lo2, hi2, jnp.where(ok, clo, cm), jnp.where(ok, cm, chi), slow & ~bisect,
                 cm == target, lx, lc, mid, cm)
 
-    clo, chi = (total(lo), total(hi)) if ends is None else ends
+    clo, chi = _at_both(total, lo, hi) if ends is None else ends
     init = (lo, hi, clo, chi, jnp.bool_(False), jnp.bool_(False), lo, clo, hi, chi)
     return lax.while_loop(lambda c: (c[1] - c[0] > 1) & ~c[5], body, init)[1]
 

@@ -342,10 +342,20 @@ def _predict_k(a, w, seen, ukey, m_req, budget, n_min, n_max, shift):
 
         return lax.cond(need(seen, side) < target, lambda: (n_seen, vmax), boundary)
 
-    k_safe, v_safe = largest_below(1.0, 1, vmin - 1)
-    # need(., R^-) <= need(., R): the second search starts where the first one stopped.
-    v_lo = jnp.where(need(seen & (ukey < v_safe), -2.0) < 0, v_safe - 1, vmin - 1)
-    k_up, _ = largest_below(-2.0, 0, v_lo)
+    def bound(i, c):
+        # Pass 0: k_safe = largest k with need(top-k, R) < 1. Pass 1: k_up = largest k with
+        # need(top-k, R^-) < 0; need(., R^-) <= need(., R), so it starts where pass 0
+        # stopped. One loop, not two calls: each call site of `largest_below` is compiled
+        # (two searches over `need`), and it was most of the dynamic rule's program.
+        k_safe, v_safe, _ = c
+        first = i == 0
+        side = jnp.where(first, 1.0, -2.0).astype(dt)
+        v_lo = lax.cond(first, lambda: vmin - 1, lambda: jnp.where(
+            need(seen & (ukey < v_safe), side) < 0, v_safe - 1, vmin - 1))
+        k, v = largest_below(side, jnp.where(first, 1, 0), v_lo)
+        return jnp.where(first, k, k_safe), jnp.where(first, v, v_safe), k
+
+    k_safe, _, k_up = lax.fori_loop(0, 2, bound, (jnp.int32(0), vmin, jnp.int32(0)))
     return k_safe, jnp.maximum(k_up, k_safe)
 
 

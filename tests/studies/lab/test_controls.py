@@ -116,9 +116,12 @@ def test_null_run_sees_the_same_rewards_at_step_0():
 
 
 def test_aa_arms_differ_only_in_their_rollout_key(monkeypatch):
-    keys, tasks = train.seed_keys(0, (0, 1)), train.make_tasks(SETUP, 0, (0, 1), "maze")
-    sera = methods.get_method("sera")
-    run = train.Runner(sera, SETUP)
+    """The study's A/A arm (`cells.AA`) is uniform on rollout stream 1. (Seeds as in the
+    null test above: the plain runner is one program for both.)"""
+    seeds = (0, 1, 2)
+    keys, tasks = train.seed_keys(0, seeds), train.make_tasks(SETUP, 0, seeds, "maze")
+    uniform = methods.get_method("uniform")
+    run = train.Runner(uniform, SETUP)
     a, b = run(keys, tasks, stream=0), run(keys, tasks, stream=1)
     np.testing.assert_array_equal(a["pass_at_k"][:, 0], b["pass_at_k"][:, 0])  # same init
     assert not np.array_equal(a["steps"], b["steps"])
@@ -127,7 +130,7 @@ def test_aa_arms_differ_only_in_their_rollout_key(monkeypatch):
     fixed = lambda setup, k_roll, t: jax.random.uniform(
         jax.random.fold_in(jax.random.key(9), t), (setup.num_train, setup.n_max))
     monkeypatch.setattr(train, "rollout_uniforms", fixed)
-    run = train.Runner(sera, SETUP)
+    run = train.Runner(uniform, SETUP)
     a, b = run(keys, tasks, stream=0), run(keys, tasks, stream=1)
     assert all(np.array_equal(a[k], b[k], equal_nan=True) for k in a)
     k = jax.random.key(3)
