@@ -14,8 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# Slow, as the other benchmark scripts end to end; CI runs it.
-@pytest.mark.slow
+# In the fast suite (one 256-prompt batch: compiles the allocator, ~10 s of one worker).
 def test_allocation_bench_runs_and_matches_numpy():
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "allocation_bench.py"), "--sizes", "256",

@@ -576,8 +576,8 @@ def test_default_and_regime_configs_are_the_protocol():
             study.validate(util.set_field(load_config("tiny"), field, value), ["sera"], [0])
 
 
-# Slow: a benchmark script end to end (as tests/test_benchmarks.py's); CI runs it.
-@pytest.mark.slow
+# In the fast suite: it runs after this module's fixtures on the same worker, so its
+# trainer programs (the tiny config's) come from the session's compilation cache.
 def test_accelerator_smoke_script_runs_at_tiny_size():
     out = _binary("--config=configs/maze/tiny.py", "--steps=2", timeout=300,
                   module="experiments.maze_smoke")
