@@ -7,7 +7,6 @@ from. Nothing here knows about probabilities or κ.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
@@ -128,15 +127,13 @@ def _any(x: Array) -> Array:
 
 
 def _at_both(fn, x0: Array, x1: Array) -> tuple[Array, Array]:
-    """``(fn(x0), fn(x1))`` for a scalar-valued ``fn`` through ONE traced copy of ``fn`` (a
-    two-step loop). Why: every call site of a function is compiled separately, and the
-    searches' ``total`` can be large (the dynamic rule's feasibility count holds four
-    passes over the batch): two inlined copies made the rule's program half again as big
-    to compile, for the same passes at run time."""
-    out = jax.eval_shape(fn, x0)
-    init = jnp.zeros((2,), out.dtype)
-    return tuple(lax.fori_loop(
-        0, 2, lambda i, ys: ys.at[i].set(fn(jnp.where(i == 0, x0, x1))), init))
+    """``(fn(x0), fn(x1))`` for a scalar-valued ``fn`` through ONE traced copy of ``fn``
+    (``lax.map``: a two-step loop). Why: every call site of a function is compiled
+    separately, and the searches' ``total`` can be large (the dynamic rule's feasibility
+    count holds four passes over the batch): two inlined copies made the rule's program
+    half again as big to compile, for the same passes at run time."""
+    ys = lax.map(fn, jnp.stack([x0, x1]))
+    return ys[0], ys[1]
 
 
 def _search(total, target, lo, hi, dtype=None, ends=None, warp=None):

@@ -563,6 +563,17 @@ def test_scanned_params_round_trip_through_checkpointer(tmp_path):
             ckpt.restore(target)
 
 
+def _logprobs_and_grad(f, model, weights):
+    """(f(model), ∇ Σ weights · f(model)) from ONE compiled program (not a program for the
+    values and another for the gradient, nor hundreds of eager ops)."""
+    def loss(m):
+        lp = f(m)
+        return jnp.sum(weights * lp), lp
+
+    (_, lp), grad = nnx.jit(nnx.value_and_grad(loss, has_aux=True))(model)
+    return lp, grad
+
+
 def test_token_logprobs_start_matches_full_forward_reference():
     """`start=` (head only at the predicting positions, last token dropped) equals the
     straightforward full-forward log-softmax, values and gradients (float32 tolerance)."""
@@ -584,13 +595,8 @@ def test_token_logprobs_start_matches_full_forward_reference():
     def fast(m):
         return token_logprobs(m, tokens, mask, start=width)
 
-    def value_and_grad(f):
-        # One compiled program per side (values and gradients), not hundreds of eager ops.
-        loss = lambda m: (lambda lp: (jnp.sum(weights * lp), lp))(f(m))
-        (_, lp), grad = nnx.jit(nnx.value_and_grad(loss, has_aux=True))(model)
-        return lp, grad
-
-    (lp_fast, g_fast), (lp_ref, g_ref) = value_and_grad(fast), value_and_grad(reference)
+    (lp_fast, g_fast), (lp_ref, g_ref) = (_logprobs_and_grad(f, model, weights)
+                                          for f in (fast, reference))
     np.testing.assert_allclose(lp_fast, lp_ref, atol=1e-5)
     whole = nnx.jit(lambda m: token_logprobs(m, tokens, mask))(model)
     np.testing.assert_allclose(whole[:, width:], lp_ref, atol=1e-5)
@@ -623,16 +629,8 @@ def test_shared_prefix_logprobs_equal_the_per_row_forward(variant):
     def per_row(m):
         return token_logprobs(m, tokens, mask, start=w)
 
-    def logprobs_and_grad(f):
-        """(log-probs, ∇ Σ weights · log-probs): one compiled program per side, not two."""
-        def loss(m):
-            lp = f(m)
-            return jnp.sum(weights * lp), lp
-
-        (_, lp), grad = nnx.jit(nnx.value_and_grad(loss, has_aux=True))(model)
-        return lp, grad
-
-    (got, grad_shared), (want, grad_per_row) = map(logprobs_and_grad, (shared, per_row))
+    (got, grad_shared), (want, grad_per_row) = (_logprobs_and_grad(f, model, weights)
+                                                for f in (shared, per_row))
     assert got.shape == (r, t) and not np.asarray(got)[~completion_mask].any()
     np.testing.assert_allclose(got, want, atol=1e-5)
     for a, b in zip(jax.tree.leaves(grad_shared), jax.tree.leaves(grad_per_row), strict=True):
