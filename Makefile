@@ -5,7 +5,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 WORKDIR ?= workdir
 
-.PHONY: venv demo allocation-demo test test-slow test-all lint bench smollm2 hf-deps clean
+.PHONY: venv demo allocation-demo test test-slow test-all lint bench smollm2 hf-deps clean \
+	device-wheels device-rehearsal
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +50,18 @@ smollm2: $(STAMP)
 # Optional: torch + transformers for the Hugging Face parity test and the sampler benchmark.
 hf-deps: $(STAMP)
 	$(PY) -m pip install -q torch transformers
+
+# The device command (benchmarks/device_run.sh): the wheels the GPU image lacks, into the
+# ignored folder device_wheels/ that a device call carries; then its CPU rehearsal.
+device-wheels:
+	rm -rf device_wheels && mkdir -p device_wheels
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp --platform manylinux2014_x86_64 -d device_wheels \
+		-r benchmarks/device_wheels.txt
+	@du -sh device_wheels
+
+device-rehearsal: device-wheels
+	bash benchmarks/device_rehearsal.sh
 
 clean:
 	rm -rf $(VENV) $(WORKDIR) .pytest_cache .ruff_cache

@@ -15,6 +15,9 @@ every process starts with an empty accelerator. The parent never initialises a b
                     accumulated over 2 micro-batches, finite-guarded AdamW) and its MFU
   sampler_qwen25 /  the same for Qwen2.5-1.5B-shaped weights (preset qwen2.5_math_1.5b)
   train_qwen25
+  attention         causal attention fwd+bwd at 4 x 4,096 tokens: `DecoderConfig.attention_impl`
+                    "dot_product" (jax.nn.dot_product_attention, cuDNN on a GPU) vs "plain"
+                    (benchmarks/attention_bench.py)
   maze              `sera_jax.studies.maze.smoke` (the code path of experiments/maze_smoke.py)
                     on configs/maze/maze17_paper.py: a few RL steps from a fresh policy
 
@@ -63,6 +66,7 @@ from typing import Any
 
 import numpy as np
 from absl import app, flags
+from attention_bench import part_attention
 from bench_common import sampler_flops, train_flops
 
 from sera_jax.tasks.base import RLTask  # NumPy only: the parent never imports jax
@@ -92,10 +96,11 @@ MODELS: dict[str, tuple[str, str, str]] = {
     "smollm2": ("smollm2_360m", "configs/math/smollm2_360m_gsm8k.py", "SmolLM2-360M"),
     "qwen25": ("qwen2.5_math_1.5b", "configs/math/qwen25_math_1p5b.py", "Qwen2.5-1.5B"),
 }
-PARTS = ("device", "sampler_smollm2", "train_smollm2", "sampler_qwen25", "train_qwen25", "maze")
+PARTS = ("device", "sampler_smollm2", "train_smollm2", "attention", "sampler_qwen25",
+         "train_qwen25", "maze")
 #: Seconds per part (process start, compiles and runs included); the sum stays under 8 min.
-BUDGETS = {"device": 30, "sampler_smollm2": 80, "train_smollm2": 70, "sampler_qwen25": 90,
-           "train_qwen25": 80, "maze": 110}
+BUDGETS = {"device": 30, "sampler_smollm2": 80, "train_smollm2": 70, "attention": 40,
+           "sampler_qwen25": 90, "train_qwen25": 80, "maze": 110}
 #: With --smoke: generous limits that only guard against a hang (the smoke takes seconds).
 SMOKE_BUDGET_S = 120
 #: New tokens of the sampler's probe run (two decode phases of 48 steps).
@@ -602,6 +607,8 @@ def run_part(name: str, smoke: bool, deadline: float) -> dict[str, Any]:
         return part_device(smoke, deadline)
     if name == "maze":
         return part_maze(smoke, deadline)
+    if name == "attention":
+        return part_attention(smoke, deadline)
     kind, key = name.split("_", 1)
     return (part_sampler if kind == "sampler" else part_train)(key, smoke, deadline)
 

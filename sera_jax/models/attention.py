@@ -147,6 +147,33 @@ def map_row_chunks(fn: Any, args: tuple[jax.Array, ...], row_cost: int, budget: 
     return jax.tree.map(merge, jax.lax.map(fn, tuple(split(x) for x in args)))
 
 
+#: `DecoderConfig.attention_impl` values: today's kernels, or `jax.nn.dot_product_attention`.
+ATTENTION_IMPLS = ("plain", "dot_product")
+
+
+def fused_causal_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`causal_attention` through `jax.nn.dot_product_attention` (same arguments, results).
+
+    On an NVIDIA GPU with bf16/fp16 operands this is cuDNN's fused flash attention (the
+    [T, T] scores never reach memory); elsewhere XLA's reference attention. Grouped-query
+    heads map as in `attend` (query head `kv * G + g` reads kv head `kv`); q is already
+    scaled, so `scale=1`. Rows whose every key is masked (pad queries) differ from
+    `attend`'s uniform softmax; they are ignored downstream, as there.
+    """
+    b, t, hkv, g, dh = q.shape
+    # jax's default (implementation=None) is XLA's path on every backend: ask for cuDNN
+    # where its fused kernel applies (NVIDIA GPU, 16-bit operands, head dim <= 128, % 8).
+    cudnn = (jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+             and dh <= 128 and dh % 8 == 0)
+    out = jax.nn.dot_product_attention(
+        q.reshape(b, t, hkv * g, dh), k.astype(q.dtype), v.astype(q.dtype),
+        mask=mask[:, None, :, :], scale=1.0, implementation="cudnn" if cudnn else None)
+    out = out.astype(jnp.float32).reshape(b, t, hkv, g, dh)
+    return out, jnp.transpose(k, (0, 2, 3, 1)), jnp.transpose(v, (0, 2, 1, 3))
+
+
 def causal_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -60,12 +60,14 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from sera_jax.models.attention import (
+    ATTENTION_IMPLS,
     MASK_VALUE,
     apply_rope,
     attend,
     causal_attention,
     constrain,
     constrain_batch,
+    fused_causal_attention,
     layer_buffer,
     rope_tables,
     store_new_slots,
@@ -102,8 +104,15 @@ class DecoderConfig:
     # layer, an unrolled loop -- faster steady state on XLA:CPU, where each scan step copies
     # its layer's weights out of the stack.
     scan_layers: bool = False
+    # "dot_product": the causal (training / prefill) attention through
+    # `jax.nn.dot_product_attention` (cuDNN flash attention on a GPU: long sequences without
+    # materialised scores); "plain": this package's kernels (fastest on XLA:CPU).
+    attention_impl: str = "plain"
 
     def __post_init__(self):
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"DecoderConfig.attention_impl={self.attention_impl!r}; choose "
+                             f"from {ATTENTION_IMPLS}")
         for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                       "num_heads", "num_kv_heads"):
             value = getattr(self, field)
@@ -308,7 +317,9 @@ class Attention(nnx.Module):
         if t == k.shape[1] and (cache_kv is None or cache_kv[0].shape[-1] == t):
             # The T queries are the T key slots: no cache, or a prompt filling a fresh cache
             # (a T-token write into T slots replaces the whole buffer whatever `index` is).
-            out, k, v = causal_attention(q, k, v, mask)
+            fn = (fused_causal_attention if cfg.attention_impl == "dot_product"
+                  else causal_attention)
+            out, k, v = fn(q, k, v, mask)
             out = out.astype(x.dtype).reshape(b, t, h, dh)
             if cache_kv is not None:
                 cache_kv = (k.astype(cache_kv[0].dtype), v.astype(cache_kv[1].dtype))
