@@ -126,6 +126,10 @@ _MAZE_STEPS = flags.DEFINE_integer("maze_steps", 3, "Maze RL steps (the first co
 _MAZE_DTYPE = flags.DEFINE_string("maze_dtype", "bfloat16", "Compute dtype of the maze "
                                   "policy ('' = the config's own).")
 _METHOD = flags.DEFINE_string("method", "sera", "Maze method (sera_jax.methods).")
+# "dot_product" by default: on an H200 the plain kernels' query-block loop made the
+# SmolLM2-360M train step at 2,560 tokens compile for > 66 s (results/device/2026-12-04_h200).
+_ATTENTION = flags.DEFINE_enum("attention", "dot_product", ["dot_product", "plain"],
+                               "DecoderConfig.attention_impl of the model parts.")
 _OUT = flags.DEFINE_string("out", "", "Optional path: write the markdown table there.")
 _JSON_OUT = flags.DEFINE_string("json_out", "", "Optional path: write all results as JSON.")
 # Internal: the parent runs each part as `--part=NAME --result=FILE --deadline=EPOCH_S`.
@@ -177,7 +181,8 @@ def model_setup(key: str, smoke: bool):
     preset, path, label = MODELS[key]
     cfg = config_files.get_config(ROOT / path)
     dcfg = get_config(preset, dtype=jnp.dtype(cfg.model.dtype),
-                      param_dtype=jnp.dtype(cfg.model.param_dtype))
+                      param_dtype=jnp.dtype(cfg.model.param_dtype),
+                      attention_impl=_ATTENTION.value)
     shapes = Shapes(int(cfg.rl.sampling.batch_size), int(cfg.rl.rollouts_per_prompt),
                     int(cfg.rl.prompts_per_step), int(cfg.task.max_prompt_len),
                     int(cfg.task.max_new_tokens), int(cfg.rl.micro_batch_size),
@@ -637,7 +642,8 @@ def launch(name: str, budget_s: float, matmul_peak: float | None) -> dict[str, A
            f"--sampler_rows={_SAMPLER_ROWS.value}", f"--train_rows={_TRAIN_ROWS.value}",
            f"--new_tokens={_NEW_TOKENS.value}", f"--maze_config={_MAZE_CONFIG.value}",
            f"--maze_steps={_MAZE_STEPS.value}", f"--maze_dtype={_MAZE_DTYPE.value}",
-           f"--method={_METHOD.value}", f"--matmul_peak={matmul_peak or 0.0}"]
+           f"--method={_METHOD.value}", f"--attention={_ATTENTION.value}",
+           f"--matmul_peak={matmul_peak or 0.0}"]
     with tempfile.TemporaryFile("w+") as output:
         proc = subprocess.Popen(cmd, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT,
                                 start_new_session=True)
