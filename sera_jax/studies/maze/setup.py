@@ -265,6 +265,9 @@ def validate_compare(cfg: ml_collections.ConfigDict) -> None:
         common.int_list(k.aa_seeds, "compare.aa_seeds")  # () = compare.seeds
         c(isinstance(k.aa_seed_offset, int) and k.aa_seed_offset > 0, "compare.aa_seed_offset",
           k.aa_seed_offset, "an integer > 0 (the A/A arm's RL seed is seed + offset)")
+    from sera_jax.studies.maze.validity import validate_validity  # imports this module
+
+    validate_validity(cfg)
 
 
 def validate_primary(cfg: ml_collections.ConfigDict) -> None:

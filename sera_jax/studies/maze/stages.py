@@ -35,6 +35,7 @@ from sera_jax.studies.maze.setup import (
     sft_fingerprint,
     sft_width,
 )
+from sera_jax.studies.maze.validity import sft_validity, validity_line
 
 
 def stage_sft(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, Any]:
@@ -69,7 +70,11 @@ def stage_sft(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[s
                    "eval": _eval_fingerprint(cfg, ("num_samples", "curve_samples",
                                                    "num_prompts", "train_prompts",
                                                    "temperature", "seed"))}
-    return common.cached_json(os.path.join(sft_dir, "eval.json"), fingerprint, compute)
+    out = common.cached_json(os.path.join(sft_dir, "eval.json"), fingerprint, compute)
+    # The maze-blind control beside the start (sft/validity.json; the RL stages' gate).
+    validity = sft_validity(cfg, sft_dir, out["final"], result.step)
+    logging.info("%s", validity_line(validity))
+    return out
 
 
 class RecordingProgram(trainer_lib.RLProgram):

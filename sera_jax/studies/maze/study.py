@@ -27,6 +27,7 @@ from sera_jax.studies.maze.setup import (
     validate,
 )
 from sera_jax.studies.maze.stages import run_plan, stage_sft
+from sera_jax.studies.maze.validity import require_readable
 
 
 def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
@@ -67,6 +68,9 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     table = None
     if stage in ("sft", "all", "regime"):
         stage_sft(cfg, workdir, mesh)
+    if stage in ("rl", "all", "compare", "frontier"):
+        # The validity gate: no RL comparison on a start a maze-blind guesser matches.
+        require_readable(cfg, os.path.join(workdir, "sft"), f"--stage={stage}")
     if stage in ("rl", "all", "compare"):
         if cfg.compare.get("primary") is not None:
             preregister(cfg, workdir)  # the primary endpoint, fixed before any RL run
