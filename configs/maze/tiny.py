@@ -45,6 +45,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.num_prompts = 1
     c.eval.train_prompts = 2
     c.eval.batch_size = 8
+    c.eval.paired_noise = True  # the paired noise floor (final policies, noise keys too)
     c.compare.seeds = (0, 1)
     c.compare.null_seeds = ()  # = compare.seeds
     c.compare.aa_seeds = ()

@@ -152,6 +152,11 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
             common.append_eval(out, {**curve, **where, "curve": True})
             ev["final_only"] = True
         common.append_eval(out, {**ev, **where})
+        if final and cfg.eval.get("paired_noise", False):
+            # The final policy with the noise key set too: the paired noise floor.
+            noise = evaluate_policy(policy, task, cfg, cfg.eval.num_samples, step, mesh,
+                                    seed=int(cfg.eval.noise_seed))
+            common.append_eval(out, {**noise, **where, "noise_keys": True})
         logging.info("%s seed %d step %d: held-out pass@k %s", method, seed, step,
                      {k: round(v, 4) for k, v in ev["pass_at_k"].items()})
         return {f"pass@{k}": v for k, v in ev["pass_at_k"].items()}
