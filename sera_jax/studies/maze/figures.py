@@ -270,7 +270,7 @@ def plot_frontier(out: dict[str, Any], path: str) -> str:
         for (lr, _), xi, yi in zip(rows, x, y, strict=True):
             ax.annotate(f"{lr:g}", (xi, yi), fontsize=6, xytext=(3, 3),
                         textcoords="offset points")
-    for name, marker, label in (("sft", "k*", "SFT start (lr -> 0)"),
+    for name, marker, label in (("sft", "*", "SFT start (lr -> 0)"),
                                 ("blind", "x", "blind (maze-blind guesser)")):
         p = out.get(name)
         if p:

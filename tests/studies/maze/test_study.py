@@ -76,8 +76,12 @@ def test_files_and_matched_budgets(finished):
         train = read_jsonl(os.path.join(study.run_dir(work, method, 0), "train.jsonl"))
         assert [r["step"] for r in train] == [1, 2, 3]
         assert e["tokens"]["mean"] == sum(r["generated_tokens"] for r in train) > 0
-        evals = read_jsonl(os.path.join(study.run_dir(work, method, 0), "eval.jsonl"))
+        records = read_jsonl(os.path.join(study.run_dir(work, method, 0), "eval.jsonl"))
+        evals = [r for r in records if not r.get("noise_keys")]
         assert [r["step"] for r in evals] == [0, 2, 3]
+        # eval.paired_noise: the final policy also scored once with the noise key set.
+        noise = [r for r in records if r.get("noise_keys")]
+        assert [(r["step"], r["key_seed"]) for r in noise] == [(3, cfg.eval.noise_seed)]
         assert list(evals[-1]["pass_at_k"]) == ["1", "2", "4", "8"]
         values = list(evals[-1]["pass_at_k"].values())
         assert values == sorted(values)  # pass@k is nondecreasing in k
@@ -722,13 +726,30 @@ def test_frontier_at_tiny_size_reuses_the_default_runs_and_selects_by_the_rule(p
     for arm in ("uniform", "sera", study.NULL):
         saved = json.load(open(other / "rl" / arm / "seed1" / "config.json"))
         assert saved["rl"]["optimizer"]["learning_rate"] == 3 * lr
-        assert set(out["lrs"][f"{3 * lr:g}"]["points"][arm]) == {"pass@1", "pass@8"}
+        assert set(out["lrs"][f"{3 * lr:g}"]["points"][arm]) == {"pass@1", "pass@8", "seeds"}
     assert not (other / "rl" / study.AA).exists()
     passing = {e["lr"]: e["points"]["uniform"]["pass@8"]["mean"]
                for e in out["lrs"].values() if e["gate"]["passes"]}
     assert out["selected_lr"] == (max(passing, key=passing.get) if passing else None)
     for name in ("frontier.json", "frontier.md", "frontier.png"):
         assert os.path.getsize(tmp_path / "results" / name) > 0
+    # The SFT start (uniform's lr -> 0 point) and the blind control beside the frontier;
+    # SERA's distance carries a seed-bootstrap CI; the frontier was pre-registered.
+    assert set(out["sft"]) == set(out["blind"]) == {"pass@1", "pass@8"}
+    assert set(out["above_baseline_frontier_ci"]["sera"]) == set(out["lrs"])
+    assert out["preregistration"]["found"] and out["validity"]["override"]
+    md = open(tmp_path / "results" / "frontier.md").read()
+    assert "| lr -> 0 | SFT start |" in md and "| – | blind (exact) |" in md
+    # Exported with the comparison, the frontier's numbers are recomputed from the counts.
+    from sera_jax.studies.maze import recompute
+    from sera_jax.studies.maze.export import export_results
+
+    study.run(fcfg, str(tmp_path), "eval")
+    folder = export_results(fcfg, str(tmp_path), out_dir=str(tmp_path / "export"))["dir"]
+    got = recompute.recompute(folder)["frontier"]
+    saved = json.load(open(os.path.join(folder, "frontier.json")))
+    assert recompute.compare_numbers(got, {k: v for k, v in saved.items()
+                                           if k != "preregistration"}) == []
     bad = ml_collections.ConfigDict(fcfg.to_dict())
     bad.frontier.methods = ("sera",)
     with pytest.raises(common.StudyError, match="frontier.methods"):
