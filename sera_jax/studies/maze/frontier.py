@@ -251,8 +251,9 @@ def summarise(out: dict[str, Any], base: str, k: int) -> dict[str, Any]:
            for e in out["lrs"].values() if base in e["points"]]
     start = (out["sft"]["pass@1"], out["sft"][key]) if out.get("sft") else None
     ref += [start] if start is not None else []
-    per_seed = [(e["points"][base]["pass@1"]["per_seed"], e["points"][base][key]["per_seed"])
-                for e in out["lrs"].values() if base in e["points"]]
+    bases = [e["points"][base] for e in out["lrs"].values() if base in e["points"]]
+    per_seed = ([(b["pass@1"]["per_seed"], b[key]["per_seed"]) for b in bases]
+                if all("per_seed" in b["pass@1"] for b in bases) else None)
     boot = out.get("bootstrap", {})
     above, ci = {}, {}
     for m in out["methods"]:
@@ -265,7 +266,8 @@ def summarise(out: dict[str, Any], base: str, k: int) -> dict[str, Any]:
         ci[m] = {n: frontier_distance(per_seed, start, (
             out["lrs"][n]["points"][m]["pass@1"]["per_seed"],
             out["lrs"][n]["points"][m][key]["per_seed"]), **boot)
-            for n in names if "per_seed" in out["lrs"][n]["points"][m]["pass@1"]}
+            for n in names if per_seed is not None
+            and "per_seed" in out["lrs"][n]["points"][m]["pass@1"]}
     return {"selected_lr": None if selected is None else out["lrs"][selected]["lr"],
             "admissible": sorted(admissible, key=float), "above_baseline_frontier": above,
             "above_baseline_frontier_ci": ci}
