@@ -83,3 +83,21 @@ def test_aggregator_refuses_a_primary_that_differs(tmp_path):
     assert prereg.check_primary(other)["hash_matches"] is False
     assert prereg.check_primary(_tiny(tmp_path / "none.json")) == {
         "path": str(tmp_path / "none.json"), "found": False}
+
+
+def test_matched_choice_is_written_before_the_arm_and_fixed_once(tmp_path):
+    from sera_jax.studies.maze import matched
+
+    path = tmp_path / "p.json"
+    cfg = _tiny(path)
+    prereg.write_preregistration(cfg)
+    choice = {**matched.matched_lr([(1e-5, 0.02)], 0.01), "target_gain": 0.01,
+              "uniform_gains": {"1e-05": 0.02}, "start_pass1": 0.04}
+    rec = matched.record_choice(cfg, choice)
+    assert json.load(open(path))["lr_matched"] == rec and rec["lr"] == pytest.approx(5e-6)
+    assert matched.record_choice(cfg, choice) == rec  # the same numbers: confirmed
+    other = {**choice, "lr": 7e-6}
+    with pytest.raises(common.StudyError, match="already records the matched lr"):
+        matched.record_choice(cfg, other)
+    prereg.check_preregistration(cfg)  # the added section leaves the others valid
+    prereg.check_preregistration(cfg, "frontier")
