@@ -63,6 +63,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
         logging.info("pre-registration of %s: %s (commit it before any RL run)",
                      cfg.get("name"), record["path"])
         return record
+    if stage in ("rl", "all", "compare") and cfg.compare.get("primary") is not None:
+        check_preregistration(cfg, "comparison")  # the committed file, before any work
     workdir = common.prepare_workdir(workdir)
     if stage in ("rl", "eval", "compare", "frontier", "matched", "export") and not os.path.exists(
             os.path.join(workdir, "sft", "eval.json")):
@@ -79,8 +81,6 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     if stage in ("rl", "all", "compare", "frontier", "matched"):
         # The validity gate: no RL comparison on a start a maze-blind guesser matches.
         require_readable(cfg, os.path.join(workdir, "sft"), f"--stage={stage}")
-    if stage in ("rl", "all", "compare") and cfg.compare.get("primary") is not None:
-        check_preregistration(cfg, "comparison")  # the committed file: endpoint and hash
     if stage in ("rl", "all", "compare"):
         if cfg.compare.get("primary") is not None:
             preregister(cfg, workdir)  # the primary endpoint, fixed before any RL run

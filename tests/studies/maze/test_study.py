@@ -707,8 +707,8 @@ def test_regime_theta_axis_varies_theta_for_sera_only_and_shares_uniform(pipelin
 
 
 @pytest.mark.slow
-def test_frontier_at_tiny_size_reuses_the_default_runs_and_selects_by_the_rule(pipeline,
-                                                                            tmp_path):
+def test_frontier_at_tiny_size_reuses_the_default_runs_and_selects_by_the_rule(
+        pipeline, tmp_path, monkeypatch):
     cfg, work, _, _, _ = pipeline
     for sub in ("sft", "rl"):  # the config's own lr: the pipeline's finished runs
         os.symlink(os.path.join(work, sub), tmp_path / sub)
@@ -740,6 +740,22 @@ def test_frontier_at_tiny_size_reuses_the_default_runs_and_selects_by_the_rule(p
     assert out["preregistration"]["found"] and out["validity"]["override"]
     md = open(tmp_path / "results" / "frontier.md").read()
     assert "| lr -> 0 | SFT start |" in md and "| – | blind (exact) |" in md
+    # The lr-matched arm. The tiny policy does not learn (every gain is 0), so the rule's
+    # answer is "none" (tests/studies/maze/test_frontier.py checks the rule itself); the run
+    # path is checked with the rule's output forced to an lr inside the grid.
+    from sera_jax.studies.maze import matched
+
+    assert matched.choose_matched_lr(out, "sera", "uniform", lr)["lr"] is None
+    choice = {"lr": 2 * lr, "segment": [lr, 3 * lr], "reason": "crossing",
+              "target_gain": 0.01, "uniform_gains": {}, "start_pass1": 0.0}
+    monkeypatch.setattr(matched, "choose_matched_lr", lambda *a: choice)
+    m = study.run(fcfg, str(tmp_path), "matched")
+    assert json.load(open(tmp_path / "prereg.json"))["lr_matched"]["lr"] == 2 * lr
+    assert os.path.getsize(tmp_path / "results" / "matched.md") > 0
+    assert m["result"]["ran"] and m["result"]["seeds"] == [0, 1]
+    assert m["result"]["two_level"]["lo"] <= m["result"]["two_level"]["hi"]
+    saved = json.load(open(tmp_path / m["dir"] / "rl" / "uniform" / "seed0" / "config.json"))
+    assert saved["rl"]["optimizer"]["learning_rate"] == pytest.approx(2 * lr)
     # Exported with the comparison, the frontier's numbers are recomputed from the counts.
     from sera_jax.studies.maze import recompute
     from sera_jax.studies.maze.export import export_results
@@ -750,6 +766,8 @@ def test_frontier_at_tiny_size_reuses_the_default_runs_and_selects_by_the_rule(p
     saved = json.load(open(os.path.join(folder, "frontier.json")))
     assert recompute.compare_numbers(got, {k: v for k, v in saved.items()
                                            if k != "preregistration"}) == []
+    again = recompute.recompute(folder)["matched"]
+    assert recompute.compare_numbers(again, m["result"]) == []
     bad = ml_collections.ConfigDict(fcfg.to_dict())
     bad.frontier.methods = ("sera",)
     with pytest.raises(common.StudyError, match="frontier.methods"):
