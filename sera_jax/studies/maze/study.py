@@ -63,9 +63,9 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
         logging.info("pre-registration of %s: %s (commit it before any RL run)",
                      cfg.get("name"), record["path"])
         return record
+    workdir = common.prepare_workdir(workdir)
     if stage in ("rl", "all", "compare") and cfg.compare.get("primary") is not None:
         check_preregistration(cfg, "comparison")  # the committed file, before any work
-    workdir = common.prepare_workdir(workdir)
     if stage in ("rl", "eval", "compare", "frontier", "matched", "export") and not os.path.exists(
             os.path.join(workdir, "sft", "eval.json")):
         raise common.StudyError(f"--stage={stage} needs the SFT stage's output in "
