@@ -62,6 +62,8 @@ def _fake_sft(work, correct):
 def test_rl_stages_refuse_a_start_the_blind_guesser_matches(tmp_path, stage):
     cfg = _tiny()
     cfg.compare.allow_blind_task = False
+    cfg.compare.preregistration = str(tmp_path / "prereg.json")
+    study.run(cfg, str(tmp_path), "preregister")  # pre-registered: the gate is what refuses
     work = str(tmp_path)
     _fake_sft(work, [0])  # the start never solves the held-out maze; blind does
     with pytest.raises(common.StudyError) as err:
