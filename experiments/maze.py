@@ -7,7 +7,10 @@ then the paired comparison with CIs and the noise floor (`sera_jax.studies.maze`
     python -m experiments.maze --config=configs/maze/regime_map.py --workdir=... --stage=regime
 
 Stages: `sft`, `rl`, `eval` (aggregate), `all` (default) = sft + rl + eval, `compare` =
-rl + eval, `regime` = the regime map; each resumes or skips finished work.
+rl + eval, `regime` = the regime map, `frontier`, `matched` (the lr-matched arm),
+`preregister` (write results/maze/<name>/preregistration.json; commit it before any RL run),
+`export` (raw results under results/maze/<name>/; `python results/maze/recompute.py
+results/maze/<name>` recomputes the tables); each resumes or skips finished work.
 """
 
 from absl import flags

@@ -30,6 +30,20 @@ Stages (each resumes or skips finished work, so re-running a killed command cont
   published with-replacement bootstrap pass@k beside the unbiased one.
 * `all` = sft + rl + eval; `compare` = rl + eval; `regime` = the regime map (a sweep of
   prompts per step x N0 with n_max tied to N0, `config.regime`), sharing the SFT stage.
+* `preregister`: write `results/maze/<config.name>/preregistration.json` (`prereg`: primary
+  endpoint + config hash; the frontier's metric, window, lr grid and rules), to be committed
+  before any RL run; rl / compare / all / frontier / matched refuse to start without it or
+  when it differs from the config, and the aggregator refuses a changed primary.
+* `frontier`: the lr frontier (`frontier`), the SFT start as uniform's lr -> 0 point;
+  `matched`: the lr-matched uniform arm (`matched`: lr chosen by a written rule from the
+  frontier, pre-registered, run, compared with SERA); `export`: the raw results under
+  `results/maze/<config.name>/` (`export`; `recompute` rebuilds every number from them).
+
+Task validity (issue 37, `validity`): the SFT stage also writes `sft/validity.json`, the
+maze-blind control (`blind`: exact pass@k of a policy that emits SFT answers at their SFT
+frequency) beside the start; every RL stage refuses a start that does not clearly read the
+maze unless `compare.allow_blind_task` (recorded in the outputs); every table, figure and
+verdict carries the blind row.
 
 Workdir layout: `sft/` (checkpoints, train.jsonl, eval.json, crn/, config.json),
 `rl/<method>/seed<s>/` (checkpoints, tensorboard, train.jsonl, eval.jsonl, alloc.jsonl,
@@ -44,7 +58,8 @@ validation), `evaluation` (scoring a policy at an evaluation point), `stages` (S
 run), `report` (comparison.json / .md, allocator diagnostics), `curves` (the statistics of a
 training curve), `figures` (PNGs), `regime`
 (the regime map and θ sweep), `accelerator` (`smoke`, the accelerator smoke test) and
-`study` (`run`, what `experiments/maze.py` calls).
+`study` (`run`, what `experiments/maze.py` calls); issue 37's `blind`, `validity`, `prereg`,
+`matched`, `tables` (the markdown), `export` and `recompute`.
 """
 
 from sera_jax.studies.maze.accelerator import smoke
@@ -79,7 +94,13 @@ from sera_jax.studies.maze.regime import (
     validate_regime,
     write_regime,
 )
-from sera_jax.studies.maze.report import aggregate, allocation_diagnostics, comparison_markdown
+from sera_jax.studies.maze.report import (
+    aggregate,
+    allocation_diagnostics,
+    build_table,
+    comparison_markdown,
+    gather,
+)
 from sera_jax.studies.maze.setup import (
     AA,
     ALLOC_RECORDS,
@@ -121,5 +142,5 @@ __all__ = [
     "regime_methods", "regime_output", "regime_seeds", "regime_thresholds",
     "rl_fingerprint", "run", "run_config", "run_dir", "sft_fingerprint", "sft_points",
     "sft_width", "smoke", "stage_regime", "stage_rl", "stage_sft", "uses_threshold",
-    "validate", "validate_compare", "validate_regime", "write_regime",
+    "validate", "validate_compare", "validate_regime", "write_regime", "build_table", "gather",
 ]

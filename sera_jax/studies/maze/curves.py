@@ -34,7 +34,7 @@ from sera_jax.metrics import analytic_pass_at_k
 from sera_jax.records import read_json, read_jsonl, write_json
 from sera_jax.studies import common
 from sera_jax.studies import compare as cmp
-from sera_jax.studies.maze.setup import AA, ALLOC_RECORDS, NULL, SPLITS, eval_steps, run_dir
+from sera_jax.studies.maze.setup import AA, NULL, SPLITS, eval_steps, run_dir
 
 PREREGISTERED = "preregistered.json"
 
@@ -66,13 +66,14 @@ def preregister(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     return spec
 
 
-def _curve_records(cfg: ml_collections.ConfigDict, workdir: str, arm: str, seed: int
-                   ) -> dict[int, dict[str, Any]] | None:
-    """{step: curve-size evaluation record} of one run, None unless every point is there."""
+def curve_records(cfg: ml_collections.ConfigDict, workdir: str, arm: str, seed: int
+                  ) -> dict[int, dict[str, Any]] | None:
+    """{step: curve-size evaluation record} of one run (the noise-key records left out),
+    None unless every point is there."""
     n = int(cfg.eval.curve_samples)
     recs = {r["step"]: r for r in read_jsonl(os.path.join(run_dir(workdir, arm, seed),
                                                           loop.EVAL_RECORDS))
-            if r["num_samples"] == n and not r.get("final_only")}
+            if r["num_samples"] == n and not r.get("final_only") and not r.get("noise_keys")}
     return recs if all(t in recs for t in eval_steps(cfg)) else None
 
 
@@ -154,23 +155,34 @@ def _outcome(e: Mapping[str, Any]) -> str:
     return "positive" if e["lo"] > 0 else "negative" if e["hi"] < 0 else "inconclusive"
 
 
-def curve_statistics(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[str],
-                     arm_seeds: Mapping[str, Sequence[int]],
+def curve_statistics(cfg: ml_collections.ConfigDict, methods: Sequence[str],
+                     recs: Mapping[str, Mapping[int, Mapping[int, Mapping[str, Any]]]],
                      sft_curve: Mapping[int, Mapping[str, Any]],
                      noise_floor_curve: Mapping[str, Mapping[str, Any]],
-                     shifts: Mapping[str, int]) -> dict[str, Any]:
-    """The curve half of `comparison.json` (module docstring). `arm_seeds`: the finished
-    seeds of every arm; `sft_curve`: {step: SFT record at curve size with that point's
-    keys}; `noise_floor_curve`: `compare.noise_floor` on held-out mazes at curve size;
-    `shifts`: κ shift per arm."""
+                     diagnostics: Mapping[str, Mapping[str, list]],
+                     preregistered: bool = False) -> dict[str, Any]:
+    """The curve half of `comparison.json` (module docstring), a pure function of counts.
+
+    `recs`: {arm: {seed: {step: curve-size evaluation record}}} of the runs with every point
+    (`curve_records`); `sft_curve`: {step: SFT record at curve size with that point's keys};
+    `noise_floor_curve`: `compare.noise_floor` on held-out mazes at curve size;
+    `diagnostics`: {arm: {str(seed): per_step_diagnostics}}; `preregistered`: whether the
+    primary endpoint was recorded before the runs.
+
+    The primary endpoint carries two intervals: `estimate`, the seed-level Student t
+    interval of the per-seed window means (mazes, keys and the SFT start held fixed), and
+    `two_level`, the paired bootstrap of `compare.paired_bootstrap` on the per-seed per-maze
+    window-mean differences `d[s, m]` (each resample draws the seeds and, once for all
+    seeds, the held-out mazes with replacement; `compare.bootstrap` resamples, percentile
+    interval): the maze sample's variation included.
+    """
     steps = eval_steps(cfg)
     n, level = int(cfg.eval.curve_samples), float(cfg.compare.level)
     spec = primary_spec(cfg)
     ks = sorted(set(cmp.ks_for(n)) | {spec["k"]})
     window = min(spec["window"], max(len(steps) - 1, 1))  # a shorter run: the points it has
     splits = [s for s in SPLITS if s == "eval" or int(cfg.eval.train_prompts) > 0]
-    recs = {arm: {s: r for s in seeds if (r := _curve_records(cfg, workdir, arm, s))}
-            for arm, seeds in arm_seeds.items()}
+    recs = {arm: dict(runs) for arm, runs in recs.items()}
     out: dict[str, Any] = {
         "steps": steps, "num_samples": n, "ks": ks, "band_method": (
             f"seed is the unit: per-seed Δ_s(t) = mean over mazes of the per-maze pass@k "
@@ -228,9 +240,16 @@ def curve_statistics(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequ
     name = f"{spec['method']} − {base}"
     prim = out["differences"].get(name, {}).get(spec["split"])
     out["primary"] = {**spec, "window_used": window, "comparison": name,
-                      "preregistered": os.path.exists(
-                          os.path.join(workdir, PREREGISTERED)),
-                      "estimate": None if prim is None else prim["window"][str(spec["k"])]}
+                      "preregistered": bool(preregistered),
+                      "estimate": None if prim is None else prim["window"][str(spec["k"])],
+                      "two_level": None}
+    if prim is not None:
+        seeds = sorted(set(recs[spec["method"]]) & set(recs[base]))
+        ca = np.stack([_counts(recs[spec["method"]][s], steps, spec["split"]) for s in seeds])
+        cb = np.stack([_counts(recs[base][s], steps, spec["split"]) for s in seeds])
+        out["primary"]["two_level"] = window_bootstrap(
+            ca, cb, n, spec["k"], window, num_resamples=int(cfg.compare.bootstrap),
+            level=level, seed=int(cfg.compare.bootstrap_seed))
     out["primary"]["outcome"] = ("not run" if prim is None
                                  else _outcome(out["primary"]["estimate"]))
     raw = {}
@@ -252,18 +271,26 @@ def curve_statistics(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequ
     out["gate"] = null_gate(out["differences"].get(f"{base} − {NULL}"), noise_floor_curve,
                             float(cfg.compare.gate_floor_multiple))
     out["aa"] = aa_false_positive_rate(out["differences"].get(f"{AA} − {base}"), splits, ks)
-    diags, means = {}, {}
-    for arm, seeds in arm_seeds.items():
-        diags[arm] = {}
-        for s in seeds:
-            d = run_dir(workdir, arm, s)
-            curve = recs.get(arm, {}).get(s) or {}
-            diags[arm][str(s)] = per_step_diagnostics(
-                read_jsonl(os.path.join(d, ALLOC_RECORDS)),
-                read_jsonl(os.path.join(d, loop.TRAIN_RECORDS)), curve,
-                int(cfg.task.num_train), shifts[arm])
-        means[arm] = _mean_series([r for r in diags[arm].values() if r])
+    diags = {arm: dict(d) for arm, d in diagnostics.items()}
+    means = {arm: _mean_series([r for r in d.values() if r]) for arm, d in diags.items()}
     out["diagnostics"] = {"per_seed": diags, "mean_over_seeds": means}
+    return out
+
+
+def window_bootstrap(correct_a: Any, correct_b: Any, n: int, k: int, window: int, *,
+                     num_resamples: int = 2000, level: float = 0.95, seed: int = 0
+                     ) -> dict[str, Any]:
+    """Two-level bootstrap of a window endpoint: counts `[S, T, M]` of arms A and B (seed s
+    paired, point t of both with t's keys) -> per-seed per-maze `d[s, m]` = mean over the
+    last `window` points of the per-maze pass@k difference -> `compare.paired_bootstrap`
+    (resample seeds, and mazes once for all seeds; percentile interval)."""
+    a, b = np.asarray(correct_a, np.int64), np.asarray(correct_b, np.int64)
+    v = cmp.per_prompt_pass_at_k(a, n, [k])[0] - cmp.per_prompt_pass_at_k(b, n, [k])[0]
+    d = v[:, -int(window):, :].mean(axis=1)  # [S, M]
+    out = cmp.paired_bootstrap(d, num_resamples=num_resamples, level=level, seed=seed)
+    out["method"] = (f"two-level bootstrap: {num_resamples} resamples of seeds and held-out "
+                     f"mazes (the same maze draw for every seed), {100 * level:.0f} % "
+                     "percentile interval of the mean window difference")
     return out
 
 
@@ -311,5 +338,6 @@ def aa_false_positive_rate(d: Mapping[str, Any] | None, splits: Sequence[str],
                     "of one run are correlated, so the rate is noisy"}
 
 
-__all__ = ["PREREGISTERED", "aa_false_positive_rate", "curve_statistics", "null_gate",
-           "per_step_diagnostics", "preregister", "primary_spec"]
+__all__ = ["PREREGISTERED", "aa_false_positive_rate", "curve_records", "curve_statistics",
+           "null_gate", "per_step_diagnostics", "preregister", "primary_spec",
+           "window_bootstrap"]

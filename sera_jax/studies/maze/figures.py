@@ -11,9 +11,10 @@ from sera_jax.studies.maze.setup import AA, NULL
 
 
 def plot_comparison(table: dict, curves: dict, sft_eval: dict, results_dir: str) -> list[str]:
-    """PNG figures: final pass@k vs k per method; pass@1 / pass@k_max vs training rollouts;
-    paired differences vs k with CIs and the noise floor; the SFT model's per-maze pass@1
-    histogram. Returns the file paths."""
+    """PNG figures: final pass@k vs k per method (with the SFT start and the maze-blind
+    control); pass@1 / pass@k_max vs training rollouts (blind as a line); paired differences
+    vs k with CIs and the noise floor; the SFT model's per-maze pass@1 histogram. Returns
+    the file paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -25,6 +26,11 @@ def plot_comparison(table: dict, curves: dict, sft_eval: dict, results_dir: str)
     fig, ax = plt.subplots(figsize=(5.5, 4))
     ks = [int(k) for k in table["sft"]["pass_at_k"]]
     ax.plot(ks, [table["sft"]["pass_at_k"][str(k)] for k in ks], "k--", label="SFT start")
+    blind = table.get("blind", {}).get("pass_at_k", {})
+    if blind:
+        bk = [k for k in ks if str(k) in blind]
+        ax.plot(bk, [blind[str(k)] for k in bk], ":", color="0.45", marker="x",
+                label="blind (maze-blind guesser)")
     for method, e in table["methods"].items():
         kk = [int(k) for k in e["pass_at_k"]]
         mean = np.array([e["pass_at_k"][str(k)]["mean"] for k in kk])
@@ -92,6 +98,8 @@ def plot_comparison(table: dict, curves: dict, sft_eval: dict, results_dir: str)
             ss = sorted(int(s) for s in sft_curve)
             ax.plot([s * budget for s in ss], [sft_curve[str(s)].get(k, np.nan) for s in ss],
                     "k--", label="SFT (same keys)")
+        if k in blind:
+            ax.axhline(blind[k], color="0.45", ls=":", label="blind (exact)")
         ax.set_xlabel("generated training rollouts")
         ax.set_ylabel(f"held-out pass@{k}")
         ax.grid(alpha=0.3)
@@ -235,7 +243,8 @@ def _plot_thresholds(cells: list[dict], arm: str, base: str, results_dir: str, s
 
 def plot_frontier(out: dict[str, Any], path: str) -> str:
     """`frontier.png`: per arm, held-out pass@k against pass@1 over the lr grid (one point per
-    lr, 95 % t intervals over seeds on both axes, labelled by lr)."""
+    lr, 95 % t intervals over seeds on both axes, labelled by lr), with the SFT start (uniform's
+    lr -> 0 point) and the maze-blind control."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -261,6 +270,12 @@ def plot_frontier(out: dict[str, Any], path: str) -> str:
         for (lr, _), xi, yi in zip(rows, x, y, strict=True):
             ax.annotate(f"{lr:g}", (xi, yi), fontsize=6, xytext=(3, 3),
                         textcoords="offset points")
+    for name, marker, label in (("sft", "*", "SFT start (lr -> 0)"),
+                                ("blind", "x", "blind (maze-blind guesser)")):
+        p = out.get(name)
+        if p:
+            ax.plot([100 * p["pass@1"]], [100 * p[key]], marker, ms=9 if name == "sft" else 7,
+                    color="k" if name == "sft" else "0.45", label=label)
     # Percentages: a 2-seed t interval can reach far past [0, 100]; keep the points readable.
     ax.set_xlim(left=0)
     ax.set_ylim(0, 100)

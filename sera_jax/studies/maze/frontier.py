@@ -16,6 +16,16 @@ both frontiers, and SERA's frontier lies above uniform's where, at SERA's pass@1
 pass@k exceeds uniform's frontier (linear interpolation between uniform's points; outside
 their pass@1 range: not comparable).
 
+SFT start and blind control: the SFT start (its held-out curve at the window's points, the
+same keys as every run) is uniform's lr -> 0 point: it joins uniform's frontier as a reference
+point. SERA's distance above that frontier at its own pass@1 carries a seed-bootstrap CI
+(`frontier_distance`: each resample draws every (lr, arm)'s seeds with replacement,
+independently, recomputes the mean points and the interpolated distance; the SFT start is one
+fixed policy; resamples whose SERA pass@1 falls outside the frontier's pass@1 range are left
+out and counted). The maze-blind control's (pass@1, pass@k) is tabled and drawn beside them.
+The frontier is pre-registered (`prereg`, section "frontier": metric, window, lr grid and the
+rules) and refuses to run on a start that does not read the maze (`validity`).
+
 Outputs: `results/frontier.{json,md,png}`.
 """
 
@@ -32,9 +42,20 @@ import numpy as np
 from sera_jax.records import log_timing, write_json
 from sera_jax.studies import common
 from sera_jax.studies import compare as cmp
+from sera_jax.studies.maze.prereg import check_preregistration
 from sera_jax.studies.maze.report import aggregate
 from sera_jax.studies.maze.setup import NULL, arms, validate
 from sera_jax.studies.maze.stages import run_plan
+from sera_jax.studies.maze.validity import require_readable
+
+SELECTION_RULE = ("selected lr: {base}'s best mean pass@{k} among the lrs whose gate passes "
+                  "(baseline − null at held-out pass@1: CI above 0 and mean above "
+                  "compare.gate_floor_multiple × the noise floor)")
+DISTANCE_RULE = ("a method's distance above the baseline's frontier: its mean pass@{k} minus "
+                 "the baseline's frontier at its mean pass@1, the frontier being the baseline's "
+                 "mean (pass@1, pass@{k}) points over the lrs plus the SFT start (lr -> 0), "
+                 "sorted by pass@1 and linearly interpolated (no extrapolation); CI: "
+                 "bootstrap over seeds, each (lr, arm) resampled independently")
 
 
 def frontier_learning_rates(cfg: ml_collections.ConfigDict) -> list[float]:
@@ -107,7 +128,60 @@ def point(table: dict[str, Any], arm: str, k: int, window: int, level: float
     x1, xk = _window_values(table, arm, 1, window), _window_values(table, arm, k, window)
     if not x1:
         return None
-    return {"pass@1": cmp.seed_interval(x1, level), f"pass@{k}": cmp.seed_interval(xk, level)}
+    return {"pass@1": cmp.seed_interval(x1, level), f"pass@{k}": cmp.seed_interval(xk, level),
+            "seeds": [int(s) for s in table["curves"]["per_seed"][arm]]}
+
+
+def start_point(table: dict[str, Any], k: int, window: int) -> dict[str, float]:
+    """The SFT start's (pass@1, pass@k): its held-out curve (each point scored with that
+    point's keys) averaged over the last `window` points, as every run's point."""
+    v = table["curves"]["sft"]["eval"]["pass_at_k"]
+    return {"pass@1": float(np.mean(v["1"][-window:])),
+            f"pass@{k}": float(np.mean(v[str(k)][-window:]))}
+
+
+def blind_point(table: dict[str, Any], k: int) -> dict[str, float] | None:
+    """The maze-blind control's exact (pass@1, pass@k), when the table has it."""
+    b = table.get("blind", {}).get("pass_at_k", {})
+    return ({"pass@1": float(b["1"]), f"pass@{k}": float(b[str(k)])}
+            if "1" in b and str(k) in b else None)
+
+
+def frontier_distance(reference: Sequence[tuple[Sequence[float], Sequence[float]]],
+                      start: tuple[float, float] | None,
+                      target: tuple[Sequence[float], Sequence[float]], *,
+                      num_resamples: int = 2000, level: float = 0.95, seed: int = 0
+                      ) -> dict[str, Any]:
+    """Distance of the target's mean point above a reference frontier, with a seed bootstrap.
+
+    `reference`: per lr, per-seed (pass@1 values, pass@k values) of the baseline; `start`:
+    the fixed (pass@1, pass@k) of the SFT start (lr -> 0; None: left out); `target`: the
+    method's per-seed (pass@1, pass@k). Estimate: `above_frontier` of the means. Each
+    resample draws the seeds of every group with replacement, independently; resamples whose
+    target pass@1 lies outside the frontier's range are left out (`defined_share`)."""
+    def distance(groups: list[tuple[np.ndarray, np.ndarray]], tgt: tuple) -> float | None:
+        ref = [(float(np.mean(x)), float(np.mean(y))) for x, y in groups]
+        ref += [start] if start is not None else []
+        return above_frontier([(float(np.mean(tgt[0])), float(np.mean(tgt[1])))], ref)[0]
+
+    groups = [(np.asarray(x, np.float64), np.asarray(y, np.float64)) for x, y in reference]
+    tgt = (np.asarray(target[0], np.float64), np.asarray(target[1], np.float64))
+    est = distance(groups, tgt)
+    rng = np.random.default_rng(seed)
+    stats = []
+    for _ in range(int(num_resamples)):
+        rs = []
+        for x, y in [*groups, tgt]:
+            idx = rng.integers(0, x.size, x.size)
+            rs.append((x[idx], y[idx]))
+        d = distance(rs[:-1], rs[-1])
+        if d is not None:
+            stats.append(d)
+    lo = hi = None
+    if len(stats) >= 2 and est is not None:
+        lo, hi = (float(q) for q in np.quantile(stats, [(1 - level) / 2, (1 + level) / 2]))
+    return {"mean": est, "lo": lo, "hi": hi, "defined_share": len(stats) / int(num_resamples),
+            "resamples": int(num_resamples)}
 
 
 def above_frontier(points: Sequence[tuple[float, float]],
@@ -137,7 +211,12 @@ def stage_frontier(cfg: ml_collections.ConfigDict, workdir: str, mesh=None,
         "methods": methods, "seeds": all_seeds, "k": k, "window": window,
         "metric": f"held-out pass@1 and pass@{k}, per seed averaged over the last {window} "
                   f"evaluation points; {100 * level:.0f} % Student t interval over seeds",
-        "rule": f"selected lr: {base}'s best mean pass@{k} among the lrs whose gate passes",
+        "rule": SELECTION_RULE.format(base=base, k=k),
+        "distance_rule": DISTANCE_RULE.format(k=k),
+        "bootstrap": {"num_resamples": int(cfg.compare.bootstrap), "level": level,
+                      "seed": int(cfg.compare.bootstrap_seed)},
+        "preregistration": check_preregistration(cfg, "frontier"),
+        "validity": require_readable(cfg, sft_dir, "--stage=frontier"),
         "lrs": {}}
     for lr in frontier_learning_rates(cfg):
         ccfg = lr_config(cfg, lr)
@@ -152,6 +231,9 @@ def stage_frontier(cfg: ml_collections.ConfigDict, workdir: str, mesh=None,
                if (p := point(table, arm, k, window, level)) is not None}
         out["lrs"][f"{lr:g}"] = {"lr": lr, "dir": os.path.relpath(cdir, workdir),
                                  "points": pts, "gate": table["gate"]}
+        if "sft" not in out and table["curves"]["sft"].get("eval"):
+            out["sft"] = start_point(table, k, window)
+            out["blind"] = blind_point(table, k)
         out.update(summarise(out, base, k))
         write_frontier(out, os.path.join(workdir, "results"))
     return out
@@ -159,14 +241,21 @@ def stage_frontier(cfg: ml_collections.ConfigDict, workdir: str, mesh=None,
 
 def summarise(out: dict[str, Any], base: str, k: int) -> dict[str, Any]:
     """The selected lr (module docstring) and, per other method, its points' distance above
-    the baseline's frontier."""
+    the baseline's frontier (the SFT start, `out["sft"]`, its lr -> 0 point when present),
+    with the seed-bootstrap CI of `frontier_distance` (`out["bootstrap"]` settings)."""
     key = f"pass@{k}"
     admissible = {name: e["points"][base][key]["mean"] for name, e in out["lrs"].items()
                   if e["gate"]["passes"] and base in e["points"]}
     selected = max(admissible, key=admissible.get) if admissible else None
     ref = [(e["points"][base]["pass@1"]["mean"], e["points"][base][key]["mean"])
            for e in out["lrs"].values() if base in e["points"]]
-    above = {}
+    start = (out["sft"]["pass@1"], out["sft"][key]) if out.get("sft") else None
+    ref += [start] if start is not None else []
+    bases = [e["points"][base] for e in out["lrs"].values() if base in e["points"]]
+    per_seed = ([(b["pass@1"]["per_seed"], b[key]["per_seed"]) for b in bases]
+                if all("per_seed" in b["pass@1"] for b in bases) else None)
+    boot = out.get("bootstrap", {})
+    above, ci = {}, {}
     for m in out["methods"]:
         if m == base:
             continue
@@ -174,8 +263,14 @@ def summarise(out: dict[str, Any], base: str, k: int) -> dict[str, Any]:
         pts = [(out["lrs"][n]["points"][m]["pass@1"]["mean"],
                 out["lrs"][n]["points"][m][key]["mean"]) for n in names]
         above[m] = dict(zip(names, above_frontier(pts, ref), strict=True))
+        ci[m] = {n: frontier_distance(per_seed, start, (
+            out["lrs"][n]["points"][m]["pass@1"]["per_seed"],
+            out["lrs"][n]["points"][m][key]["per_seed"]), **boot)
+            for n in names if per_seed is not None
+            and "per_seed" in out["lrs"][n]["points"][m]["pass@1"]}
     return {"selected_lr": None if selected is None else out["lrs"][selected]["lr"],
-            "admissible": sorted(admissible, key=float), "above_baseline_frontier": above}
+            "admissible": sorted(admissible, key=float), "above_baseline_frontier": above,
+            "above_baseline_frontier_ci": ci}
 
 
 def frontier_markdown(out: dict[str, Any]) -> str:
@@ -191,6 +286,11 @@ def frontier_markdown(out: dict[str, Any]) -> str:
     lines = [f"Frontier: {out['metric']} (%).", "",
              f"| lr | arm | seeds | pass@1 | {key} | gate (baseline − null, pass@1) |",
              "|---|---|---|---|---|---|"]
+    for name, p in (("lr -> 0", out.get("sft")), ("–", out.get("blind"))):
+        if p:
+            arm = "SFT start" if name == "lr -> 0" else "blind (exact)"
+            lines.append(f"| {name} | {arm} | – | {100 * p['pass@1']:.2f} | "
+                         f"{100 * p[key]:.2f} | |")
     for name, e in out["lrs"].items():
         for arm, p in e["points"].items():
             lines.append(f"| {name} | {arm} | {p['pass@1']['seeds']} | {ci(p['pass@1'])} | "
@@ -199,12 +299,37 @@ def frontier_markdown(out: dict[str, Any]) -> str:
     admissible = ", ".join(out.get("admissible", [])) or "none"
     chosen = "none (no lr passes the gate)" if sel is None else f"{sel:g}"
     lines += ["", f"Rule: {out['rule']}. Admissible: {admissible}. Selected: {chosen}."]
+    lines += validity_lines(out)
     for m, d in out.get("above_baseline_frontier", {}).items():
+        cis = out.get("above_baseline_frontier_ci", {}).get(m, {})
         cells = [f"lr {n}: " + ("outside uniform's pass@1 range" if v is None
-                                else f"{100 * v:+.2f} pp") for n, v in d.items()]
+                                else f"{100 * v:+.2f} pp" + _distance_ci(cis.get(n)))
+                 for n, v in d.items()]
         lines.append(f"{m}: {key} above the baseline's frontier at its own pass@1 — "
                      + "; ".join(cells) + ".")
     return "\n".join(lines) + "\n"
+
+
+def _distance_ci(e: dict[str, Any] | None) -> str:
+    if not e or e.get("lo") is None:
+        return ""
+    return (f" [{100 * e['lo']:+.2f}, {100 * e['hi']:+.2f}] (seed bootstrap, "
+            f"{100 * e['defined_share']:.0f} % of resamples inside the range)")
+
+
+def validity_lines(out: dict[str, Any]) -> list[str]:
+    """The validity verdict and the pre-registration under the frontier table."""
+    lines = []
+    v = out.get("validity")
+    if v:
+        lines.append(f"Task validity: {v['line']}" + (
+            " -- **override** (compare.allow_blind_task=True): an exploration."
+            if v.get("override") else "."))
+    p = out.get("preregistration")
+    if p:
+        lines.append(f"Pre-registered in {p['path']}"
+                     f"{'' if p.get('committed') else ' (not committed in git)'}.")
+    return lines
 
 
 def write_frontier(out: dict[str, Any], results_dir: str) -> None:
@@ -218,5 +343,6 @@ def write_frontier(out: dict[str, Any], results_dir: str) -> None:
     plot_frontier(out, os.path.join(results_dir, "frontier.png"))
 
 
-__all__ = ["above_frontier", "frontier_markdown", "lr_config", "lr_dir", "point",
-           "stage_frontier", "summarise", "validate_frontier"]
+__all__ = ["DISTANCE_RULE", "SELECTION_RULE", "above_frontier", "blind_point",
+           "frontier_distance", "frontier_markdown", "lr_config", "lr_dir", "point",
+           "stage_frontier", "start_point", "summarise", "validate_frontier", "write_frontier"]

@@ -14,12 +14,13 @@ from sera_jax import methods as methods_lib
 from sera_jax.records import log_timing, write_json
 from sera_jax.studies import common
 from sera_jax.studies.maze.figures import plot_regime
-from sera_jax.studies.maze.report import _ci, _short, aggregate
+from sera_jax.studies.maze.report import aggregate
 from sera_jax.studies.maze.setup import (
     run_dir,
     validate,
 )
 from sera_jax.studies.maze.stages import stage_rl
+from sera_jax.studies.maze.tables import _ci, _short
 
 
 def regime_cells(cfg: ml_collections.ConfigDict) -> list[tuple[int, int, int]]:

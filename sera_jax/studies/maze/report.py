@@ -16,10 +16,26 @@ from sera_jax.metrics import analytic_pass_at_k
 from sera_jax.records import read_json, read_jsonl, write_json
 from sera_jax.rl import config as rl_config
 from sera_jax.studies import compare as cmp
-from sera_jax.studies.maze.curves import PREREGISTERED, curve_statistics, preregister
+from sera_jax.studies.maze.curves import (
+    PREREGISTERED,
+    curve_records,
+    curve_statistics,
+    per_step_diagnostics,
+    preregister,
+)
 from sera_jax.studies.maze.evaluation import sft_points
 from sera_jax.studies.maze.figures import plot_comparison, plot_delta_curves
-from sera_jax.studies.maze.setup import ALLOC_RECORDS, NULL, arms, eval_steps, run_config, run_dir
+from sera_jax.studies.maze.setup import (
+    AA,
+    ALLOC_RECORDS,
+    NULL,
+    arms,
+    eval_steps,
+    run_config,
+    run_dir,
+)
+from sera_jax.studies.maze.tables import comparison_markdown
+from sera_jax.studies.maze.validity import validity_record
 
 
 def ks_curve(cfg: ml_collections.ConfigDict) -> list[int]:
@@ -29,13 +45,6 @@ def ks_curve(cfg: ml_collections.ConfigDict) -> list[int]:
     if cfg.compare.get("primary") is not None:
         ks.add(int(cfg.compare.primary.k))
     return sorted(ks)
-
-
-def _final_eval(records: list[dict], num_steps: int, num_samples: int) -> dict | None:
-    for r in records:
-        if r["step"] == num_steps and r["num_samples"] == num_samples and not r.get("curve"):
-            return r
-    return None
 
 
 def _mean_spread(values: Sequence[float]) -> tuple[float, float, float, float]:
@@ -105,28 +114,125 @@ def allocation_diagnostics(allocs: list[dict], curve: list[dict], shift: int
             "never_solved_mazes": int(sum(successes[q] == 0 for q in successes))}
 
 
+def _final_eval(records: list[dict], num_steps: int, num_samples: int) -> dict | None:
+    for r in records:
+        if (r["step"] == num_steps and r["num_samples"] == num_samples and not r.get("curve")
+                and not r.get("noise_keys")):
+            return r
+    return None
+
+
+def _noise_eval(records: list[dict], num_steps: int, num_samples: int) -> dict | None:
+    """The final policy scored with the noise key set (`eval.paired_noise`), if it was."""
+    return next((r for r in records if r.get("noise_keys") and r["step"] == num_steps
+                 and r["num_samples"] == num_samples), None)
+
+
+#: Per-run fields of `comparison.json` that are not functions of the correct counts (from
+#: the run's train and allocation records); summarised over seeds with their values.
+RUN_FIELDS = ("rollouts", "tokens", "reward_mean_last", "kappa_believed_min",
+              "kappa_believed_mean", "kappa_true_min", "kappa_true_mean",
+              "kappa_true_min_solvable", "mixed_fraction", "never_solved_share",
+              "never_solved_mazes")
+
+
+def gather(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[str],
+           seeds: Sequence[int], sft_dir: str | None = None, mesh=None,
+           arm_configs: Mapping[str, ml_collections.ConfigDict] | None = None,
+           curve_analysis: bool = True) -> dict[str, Any]:
+    """Everything `build_table` reads, from the workdir: the SFT start's scorings
+    (`sft_points`), per arm and finished seed the final record, the curve records
+    (`curves.curve_records`), the noise-key record, the run fields `RUN_FIELDS` and the
+    per-step diagnostics; the κ shift per arm; the validity record; the plots' curves."""
+    sft_dir = sft_dir or os.path.join(workdir, "sft")
+    num_steps, n = int(cfg.rl.num_steps), int(cfg.eval.num_samples)
+    sft_eval = read_json(os.path.join(sft_dir, "eval.json"))
+    data: dict[str, Any] = {"points": sft_points(cfg, sft_dir, mesh), "runs": {}, "shifts": {},
+                            "plot_curves": {}, "sft_eval": sft_eval,
+                            "preregistered": os.path.exists(os.path.join(workdir,
+                                                                         PREREGISTERED)),
+                            "validity": (validity_record(cfg, sft_dir)
+                                         if os.path.exists(os.path.join(sft_dir, "eval.json"))
+                                         and "final" in sft_eval else None)}
+    for arm, arm_seeds in arms(cfg, methods, seeds):
+        acfg = (arm_configs or {}).get(arm, cfg)
+        shift = rl_config.method(run_config(acfg, arm, 0)).kappa_shift
+        data["shifts"][arm], data["runs"][arm], data["plot_curves"][arm] = shift, {}, []
+        for seed in arm_seeds:
+            d = run_dir(workdir, arm, seed)
+            evals = read_jsonl(os.path.join(d, loop.EVAL_RECORDS))
+            final = _final_eval(evals, num_steps, n)
+            if final is None:
+                logging.warning("%s seed %d has no final evaluation; left out", arm, seed)
+                continue
+            train = read_jsonl(os.path.join(d, loop.TRAIN_RECORDS))
+            allocs = read_jsonl(os.path.join(d, ALLOC_RECORDS))
+            curve = [r for r in evals if not r.get("final_only") and not r.get("noise_keys")]
+            recs = curve_records(cfg, workdir, arm, seed) if curve_analysis else None
+            data["runs"][arm][seed] = {
+                "final": final, "curve": recs, "noise": _noise_eval(evals, num_steps, n),
+                "fields": {"rollouts": final["rollouts"], "tokens": final["tokens"],
+                           "reward_mean_last": float(np.mean([r["reward_mean"]
+                                                              for r in train[-5:]])),
+                           **allocation_diagnostics(allocs, curve, shift)},
+                "diagnostics": per_step_diagnostics(allocs, train, recs or {},
+                                                    int(cfg.task.num_train), shift)}
+            data["plot_curves"][arm].append(curve)
+    return data
+
+
 def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[str],
               seeds: Sequence[int], sft_dir: str | None = None, mesh=None,
               plots: bool = True, results_dir: str | None = None,
               arm_configs: Mapping[str, ml_collections.ConfigDict] | None = None,
               curve_analysis: bool = True) -> dict[str, Any]:
-    """Collect finished runs -> `results/comparison.{json,md}` and figures; returns the dict.
+    """Collect finished runs (`gather`) -> `build_table` -> `results/comparison.{json,md}`
+    and figures; returns the table.
 
     `arm_configs` (the regime's θ axis): per-method configs where they differ from `cfg`.
     `curve_analysis` (off for the regime's cells, evaluated at the end only): with
-    `compare.primary` set, the statistics of the training curve (`curves`).
+    `compare.primary` set, the statistics of the training curve (`curves`). With a
+    pre-registration (`<workdir>/preregistered.json`, the committed
+    `prereg.preregistration_path`), a config whose primary endpoint differs is refused.
+    """
+    results_dir = results_dir or os.path.join(workdir, "results")
+    os.makedirs(results_dir, exist_ok=True)
+    if curve_analysis and cfg.compare.get("primary") is not None:
+        if os.path.exists(os.path.join(workdir, PREREGISTERED)):
+            preregister(cfg, workdir)  # refuses a primary endpoint changed after the run
+    data = gather(cfg, workdir, methods, seeds, sft_dir, mesh, arm_configs, curve_analysis)
+    table = build_table(cfg, data, methods, curve_analysis)
+    if curve_analysis and cfg.compare.get("primary") is not None:
+        from sera_jax.studies.maze.prereg import check_primary  # imports curves / setup
+
+        table["preregistration"] = check_primary(cfg)
+    write_json(os.path.join(results_dir, "comparison.json"), table)
+    with open(os.path.join(results_dir, "comparison.md"), "w") as f:
+        f.write(comparison_markdown(table))
+    if plots:
+        plot_comparison(table, data["plot_curves"], data["sft_eval"], results_dir)
+        if "curves" in table:
+            plot_delta_curves(table, results_dir)
+    return table
+
+
+def build_table(cfg: ml_collections.ConfigDict, data: Mapping[str, Any],
+                methods: Sequence[str], curve_analysis: bool = True) -> dict[str, Any]:
+    """`comparison.json` from `gather`'s data: a pure function of the correct counts (and,
+    for `RUN_FIELDS` and the per-step diagnostics, the values recorded in `data`), so
+    `recompute` rebuilds it from the exported counts.
 
     Spread = sample standard deviation over seeds (and min / max in the JSON). Paired
     differences and CIs: `sera_jax.studies.compare` (the SFT start is scored with the keys
     of the final point, like every RL row). The comparison is `valid` only when the null
-    control ran and stays within the noise floor of SFT at every k.
+    control ran and stays within the noise floor of SFT at every k (the long-horizon
+    analysis: the curve gate). Noise floors: `noise_floor` = one policy (SFT) scored with two
+    key sets (what an unpaired comparison sees); `noise_floor_paired` (`eval.paired_noise`)
+    = the primary pair's difference scored with the shared key set minus the same
+    difference scored with the second key set (what paired arms see: shared keys cancel).
     """
-    sft_dir = sft_dir or os.path.join(workdir, "sft")
-    results_dir = results_dir or os.path.join(workdir, "results")
-    os.makedirs(results_dir, exist_ok=True)
-    sft_eval = read_json(os.path.join(sft_dir, "eval.json"))
     num_steps, n = int(cfg.rl.num_steps), int(cfg.eval.num_samples)
-    points = sft_points(cfg, sft_dir, mesh)
+    points = data["points"]
     sft_final = points[(num_steps, n, int(cfg.eval.seed))]
     sft_noise = points[(num_steps, n, int(cfg.eval.noise_seed))]
     ks = cmp.ks_for(n)
@@ -136,7 +242,7 @@ def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[st
         "sft": {"pass_at_k": sft_final["pass_at_k"],
                 "train_pass_at_k": sft_final.get("train", {}).get("pass_at_k"),
                 "pass_at_k_noise_keys": sft_noise["pass_at_k"],
-                "pass1_distribution": sft_eval["pass1_distribution"],
+                "pass1_distribution": data["sft_eval"]["pass1_distribution"],
                 "curve": {str(s): points[(s, int(cfg.eval.curve_samples), int(cfg.eval.seed))]
                           ["pass_at_k"] for s in eval_steps(cfg)}},
         "methods": {}, "num_samples": n, "num_steps": num_steps,
@@ -150,49 +256,30 @@ def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[st
                       f"policy at a point is scored with that point's keys"),
         "noise_floor": {"eval": cmp.noise_floor(sft_final["num_correct"],
                                                 sft_noise["num_correct"], n, ks, **boot)}}
+    if data.get("validity") is not None:
+        table["validity"] = data["validity"]
+        table["blind"] = {"pass_at_k": dict(data["validity"]["blind_pass_at_k"]),
+                          "note": "maze-blind guesser: each SFT answer at its SFT frequency, "
+                                  "whatever the maze; exact pass@k (sft/validity.json)"}
     if "train" in sft_final:
         table["noise_floor"]["train"] = cmp.noise_floor(
             sft_final["train"]["num_correct"], sft_noise["train"]["num_correct"], n, ks, **boot)
-    curves: dict[str, list[list[dict]]] = {}
     correct: dict[str, dict[int, dict[str, list[int]]]] = {}
-    shifts: dict[str, int] = {}
-    for arm, arm_seeds in arms(cfg, methods, seeds):
-        runs = []
-        curves[arm], correct[arm] = [], {}
-        shift = rl_config.method(run_config((arm_configs or {}).get(arm, cfg), arm, 0)
-                                 ).kappa_shift
-        shifts[arm] = shift
-        for seed in arm_seeds:
-            d = run_dir(workdir, arm, seed)
-            evals = read_jsonl(os.path.join(d, loop.EVAL_RECORDS))
-            final = _final_eval(evals, num_steps, n)
-            if final is None:
-                logging.warning("%s seed %d has no final evaluation; left out", arm, seed)
-                continue
-            train = read_jsonl(os.path.join(d, loop.TRAIN_RECORDS))
-            curve = [r for r in evals if not r.get("final_only")]
-            diag = allocation_diagnostics(read_jsonl(os.path.join(d, ALLOC_RECORDS)), curve,
-                                          shift)
-            runs.append({"seed": seed, "final": final, "rollouts": final["rollouts"],
-                         "tokens": final["tokens"],
-                         "reward_mean_last": float(np.mean([r["reward_mean"]
-                                                            for r in train[-5:]])), **diag})
-            curves[arm].append(curve)
-            correct[arm][seed] = {"eval": final["num_correct"],
-                                  "train": final.get("train", {}).get("num_correct")}
+    for arm, runs in data["runs"].items():
+        correct[arm] = {seed: {"eval": r["final"]["num_correct"],
+                               "train": r["final"].get("train", {}).get("num_correct")}
+                        for seed, r in runs.items()}
         if not runs:
             continue
-        entry = {"seeds": [r["seed"] for r in runs], "pass_at_k": {}, "train_pass_at_k": {}}
-        for k in runs[0]["final"]["pass_at_k"]:
-            entry["pass_at_k"][k] = _summary([r["final"]["pass_at_k"][k] for r in runs])
-            if "train" in runs[0]["final"]:
-                entry["train_pass_at_k"][k] = _summary([r["final"]["train"]["pass_at_k"][k]
-                                                        for r in runs])
-        for field in ("rollouts", "tokens", "reward_mean_last", "kappa_believed_min",
-                      "kappa_believed_mean", "kappa_true_min", "kappa_true_mean",
-                      "kappa_true_min_solvable", "mixed_fraction", "never_solved_share",
-                      "never_solved_mazes"):
-            vals = [r[field] for r in runs]
+        finals = [r["final"] for r in runs.values()]
+        entry = {"seeds": list(runs), "pass_at_k": {}, "train_pass_at_k": {}}
+        for k in finals[0]["pass_at_k"]:
+            entry["pass_at_k"][k] = _summary([f["pass_at_k"][k] for f in finals])
+            if "train" in finals[0]:
+                entry["train_pass_at_k"][k] = _summary([f["train"]["pass_at_k"][k]
+                                                        for f in finals])
+        for field in RUN_FIELDS:
+            vals = [r["fields"][field] for r in runs.values()]
             entry[field] = _summary(vals) if all(v is not None for v in vals) else None
         table["methods"][arm] = entry
 
@@ -226,6 +313,7 @@ def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[st
                 e["floor"] = floors[k]["floor"]
                 e["verdict"] = cmp.verdict(e, floors[k]["floor"])
             table["paired"][arm][split] = diff
+    table["noise_floor_paired"] = paired_floor(cfg, data["runs"], n, ks, boot)
     null = table["vs_sft"].get(NULL, {}).get("eval")
     if null is None:
         table["null_control"] = {"ran": False}
@@ -238,8 +326,6 @@ def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[st
     if curve_analysis and cfg.compare.get("primary") is not None:
         # The long-horizon analysis: the gate is "RL beats the null by a clear margin"
         # (curves.null_gate); staying within the SFT noise floor stays a diagnostic above.
-        if os.path.exists(os.path.join(workdir, PREREGISTERED)):
-            preregister(cfg, workdir)  # refuses a primary endpoint changed after the run
         c_n = int(cfg.eval.curve_samples)
         sft_curve = {s: points[(s, c_n, int(cfg.eval.seed))] for s in eval_steps(cfg)}
         floor_curve = cmp.noise_floor(points[(num_steps, c_n, int(cfg.eval.seed))]["num_correct"],
@@ -252,164 +338,59 @@ def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[st
             "sft": cmp.bootstrap_pass_at_k(sft_final["num_correct"], n, ks),
             "methods": {arm: {str(r): cmp.bootstrap_pass_at_k(correct[arm][r]["eval"], n, ks)
                               for r in correct[arm]} for arm in table["methods"]}}
-        table["curves"] = curve_statistics(
-            cfg, workdir, methods, {arm: e["seeds"] for arm, e in table["methods"].items()},
-            sft_curve, floor_curve, shifts)
+        recs = {arm: {s: r["curve"] for s, r in runs.items() if r["curve"]}
+                for arm, runs in data["runs"].items() if arm in table["methods"]}
+        diags = {arm: {str(s): r["diagnostics"] for s, r in runs.items()}
+                 for arm, runs in data["runs"].items() if arm in table["methods"]}
+        table["curves"] = curve_statistics(cfg, methods, recs, sft_curve, floor_curve, diags,
+                                           bool(data.get("preregistered")))
         table["gate"] = table["curves"]["gate"]
         table["primary"] = table["curves"]["primary"]
         table["aa"] = table["curves"]["aa"]
         table["valid"] = bool(table["gate"]["passes"])
-    write_json(os.path.join(results_dir, "comparison.json"), table)
-    md = comparison_markdown(table)
-    with open(os.path.join(results_dir, "comparison.md"), "w") as f:
-        f.write(md)
-    if plots:
-        plot_comparison(table, curves, sft_eval, results_dir)
-        if "curves" in table:
-            plot_delta_curves(table, results_dir)
     return table
 
 
-def _pct(x: float | None, digits: int = 1) -> str:
-    return "–" if x is None else f"{100 * x:.{digits}f}"
-
-
-def comparison_markdown(table: dict[str, Any]) -> str:
-    """The pass@k table (percent, mean ± std over seeds) with matched rollouts / tokens, the
-    paired differences with CIs and verdicts, the noise floor, the null control and the
-    allocator diagnostics."""
-    ks = list(table["sft"]["pass_at_k"])
-    n_steps = table["num_steps"]
-    head = "| method | seeds | " + " | ".join(f"pass@{k}" for k in ks) + \
-        " | generated rollouts | generated tokens |"
-    lines = [head, "|" + "---|" * (len(ks) + 4)]
-    lines.append(f"| SFT (start, step-{n_steps} keys) | – | " + " | ".join(
-        _pct(table["sft"]["pass_at_k"][k]) for k in ks) + " | 0 | 0 |")
-    for method, e in table["methods"].items():
-        cells = [f"{_pct(e['pass_at_k'][k]['mean'])} ± {_pct(e['pass_at_k'][k]['std'])}"
-                 if k in e["pass_at_k"] else "–" for k in ks]
-        lines.append(f"| {method} | {len(e['seeds'])} | " + " | ".join(cells) +
-                     f" | {e['rollouts']['mean']:,.0f} | {e['tokens']['mean']:,.0f} ± "
-                     f"{e['tokens']['std']:,.0f} |")
-    lines.append("")
-    lines.append(f"Held-out mazes ({table['num_prompts']['eval']}), n = "
-                 f"{table['num_samples']} samples per maze at the final step ({n_steps} RL "
-                 "steps), every row scored with the same keys; mean ± sample std over seeds, "
-                 "percent.")
-    floor = table["noise_floor"]
+def paired_floor(cfg: ml_collections.ConfigDict, runs: Mapping[str, Mapping[int, Any]], n: int,
+                 ks: Sequence[int], boot: Mapping[str, Any]) -> dict[str, Any]:
+    """The noise floor as paired arms see it: for the primary pair (primary method, else the
+    first compared method, − baseline) at the seeds where both final policies were also
+    scored with the noise key set (`eval.paired_noise`), per seed and maze
+    `dd = (v_A − v_B)[keys eval.seed] − (v_A − v_B)[keys eval.noise_seed]`, then `floor =
+    max(|mean dd|, half-width of its two-level bootstrap CI)` per k and split (the
+    unpaired floor's definition with the paired difference in place of one policy)."""
+    base = cfg.compare.baseline
+    primary = cfg.compare.get("primary")
+    others = [m for m in runs if m not in (base, NULL, AA)]
+    method = primary.method if primary is not None and primary.method in runs else (
+        others[0] if others else None)
+    if method is None or base not in runs:
+        return {"measured": False, "note": "no compared pair"}
+    seeds = sorted(s for s in set(runs[method]) & set(runs[base])
+                   if runs[method][s]["noise"] is not None and runs[base][s]["noise"] is not None)
+    if not seeds:
+        return {"measured": False, "note": "the final policies were not scored with the noise "
+                                           "key set (eval.paired_noise=False)"}
+    out: dict[str, Any] = {"measured": True, "pair": f"{method} − {base}", "seeds": seeds}
     for split in ("eval", "train"):
-        if split not in floor:
+        def counts(arm: str, which: str, split: str = split) -> list | None:
+            recs = [runs[arm][s][which] for s in seeds]
+            return ([r["num_correct"] for r in recs] if split == "eval" else
+                    [r["train"]["num_correct"] for r in recs] if "train" in recs[0] else None)
+
+        a1, b1, a2, b2 = (counts(method, "final"), counts(base, "final"),
+                          counts(method, "noise"), counts(base, "noise"))
+        if a1 is None:
             continue
-        name = "held-out" if split == "eval" else "training"
-        lines += ["", f"**Paired differences on {name} mazes** (percentage points, mean "
-                  f"[95 % CI]; noise floor = one policy, two key sets):", "",
-                  "| comparison | " + " | ".join(f"pass@{k}" for k in ks) + " |",
-                  "|" + "---|" * (len(ks) + 1),
-                  "| noise floor (SFT, keys A − keys B) | " + " | ".join(
-                      f"{_pct(floor[split][k]['diff'])} (±{_pct(floor[split][k]['floor'])})"
-                      for k in ks) + " |"]
-        for arm, p in table.get("paired", {}).items():
-            if split in p:
-                lines.append(f"| {arm} − {table['baseline']} ({len(p['seeds'])} seeds) | " +
-                             " | ".join(_ci(p[split][k]) + f" {_short(p[split][k]['verdict'])}"
-                                        for k in ks) + " |")
-        for arm, p in table.get("vs_sft", {}).items():
-            if split in p:
-                lines.append(f"| {arm} − SFT | " + " | ".join(_ci(p[split][k]) for k in ks) +
-                             " |")
-    nc = table["null_control"]
-    lines.append("")
-    if not nc["ran"]:
-        lines.append("Null control: **not run** -- the comparison is not a result.")
-    else:
-        bad = [k for k, ok in nc["within_floor"].items() if not ok]
-        lines.append("Null control (uniform, rewards shuffled within each batch): " + (
-            "within the noise floor of SFT at every k -- the comparison stands." if nc["passes"]
-            else f"**outside the noise floor of SFT at k = {', '.join(bad)}**: optimiser "
-            "noise alone moves the policy that far, so the comparison is *not* reported as a "
-            "result."))
-    lines += ["", "**What the allocator did** (mean over steps, then mean ± std over seeds):",
-              "", "| method | κ_min believed | κ_min realised | κ_min realised (p > 0) | "
-              "κ_mean believed | κ_mean realised | mixed groups | budget on never-solved "
-              "mazes | training reward |", "|---|---|---|---|---|---|---|---|---|"]
-    for method, e in table["methods"].items():
-        def f(field: str, e: dict = e) -> str:
-            v = e.get(field)
-            return "–" if v is None else f"{v['mean']:.2f} ± {v['std']:.2f}"
-
-        lines.append(f"| {method} | {f('kappa_believed_min')} | {f('kappa_true_min')} | "
-                     f"{f('kappa_true_min_solvable')} | "
-                     f"{f('kappa_believed_mean')} | {f('kappa_true_mean')} | "
-                     f"{f('mixed_fraction')} | {f('never_solved_share')} | "
-                     f"{f('reward_mean_last')} |")
-    lines += ["", f"CIs: {table['ci_method']}. A difference is a win or a loss only when its "
-              "CI excludes 0 and it exceeds the noise floor; otherwise it is no difference."]
-    if "curves" in table:
-        lines += ["", *curves_markdown(table)]
-    return "\n".join(lines) + "\n"
-
-
-def _band(e: dict[str, Any]) -> str:
-    if e.get("lo") is None:
-        return f"{100 * e['mean']:+.1f} (1 seed)"
-    return f"{100 * e['mean']:+.1f} [{100 * e['lo']:+.1f}, {100 * e['hi']:+.1f}]"
-
-
-def curves_markdown(table: dict[str, Any]) -> list[str]:
-    """The curve analysis: primary endpoint, gate, A/A, Δ(t) tables, Holm secondaries."""
-    cur, prim, gate, aa = table["curves"], table["primary"], table["gate"], table["aa"]
-    ks = cur["ks"]
-    est = prim["estimate"]
-    p_text = "–" if est is None or est["p"] is None else f"{est['p']:.3g}"
-    out = ["## Over the training curve", "", f"Bands: {cur['band_method']}.", "",
-           f"**Primary endpoint** (fixed in the config before the run"
-           f"{'' if prim['preregistered'] else '; NOT pre-registered in this workdir'}): "
-           f"{prim['comparison']} on {'held-out' if prim['split'] == 'eval' else 'training'} "
-           f"pass@{prim['k']}, mean of the last {prim['window_used']} points: " +
-           ("not run" if est is None else f"{_band(est)} pp, p = {p_text}") +
-           f" -- **{prim['outcome']}**.", "",
-           f"**Gate** (uniform − null at held-out pass@1 over the same window, CI above 0 and "
-           f"> {table['gate'].get('floor_multiple', 2):g} × noise floor): {gate['outcome']}.",
-           "", "**A/A control** (the baseline twice, different RL seeds, same evaluation "
-           "keys): " + ("not run" if not aa["ran"] or aa["false_positive_rate"] is None else
-                        f"{aa['false_positives']} of {aa['cells']} (point, k, split) cells "
-                        f"exclude 0: false-positive rate {100 * aa['false_positive_rate']:.1f} %"
-                        " (nominal 5 %)") + "."]
-    for split in ("eval", "train"):
-        rows = [(name, d[split]) for name, d in cur["differences"].items()
-                if split in d and not name.endswith("SFT")]
-        if not rows:
-            continue
-        out += ["", f"Δ(t) on {'held-out' if split == 'eval' else 'training'} mazes at the "
-                f"last point (pp, mean [95 % band over seeds]):", "",
-                "| comparison | seeds | " + " | ".join(f"pass@{k}" for k in ks) + " |",
-                "|" + "---|" * (len(ks) + 2)]
-        for name, d in rows:
-            out.append(f"| {name} | {d['points']['1'][-1]['seeds']} | " + " | ".join(
-                _band(d["points"][str(k)][-1]) for k in ks) + " |")
-    out += ["", "Held-out pass@k at the last point, unbiased / with-replacement bootstrap (the "
-            "published maze evaluation's estimator, biased low; for comparison with published "
-            "figures only), percent, mean over seeds:", "",
-            "| policy | " + " | ".join(f"pass@{k}" for k in ks) + " |",
-            "|" + "---|" * (len(ks) + 1)]
-    rows = [("SFT", [cur["sft"]["eval"]])] + [
-        (arm, [v["eval"] for v in runs.values()]) for arm, runs in cur["per_seed"].items()]
-    for name, runs in rows:
-        if runs:
-            out.append(f"| {name} | " + " | ".join(
-                f"{100 * np.mean([r['pass_at_k'][str(k)][-1] for r in runs]):.1f} / "
-                f"{100 * np.mean([r['bootstrap_pass_at_k'][str(k)][-1] for r in runs]):.1f}"
-                for k in ks) + " |")
-    sec = cur["secondary"]
-    hits = [k for k, e in sec["endpoints"].items() if e["significant"]]
-    out += ["", f"Secondary endpoints: {sec['correction']}; significant after Holm: "
-            f"{', '.join(hits) if hits else 'none'}."]
+        va = [cmp.per_prompt_pass_at_k(np.asarray(x), n, ks) for x in (a1, b1, a2, b2)]
+        dd = (va[0] - va[1]) - (va[2] - va[3])  # [K, S, M]
+        out[split] = {}
+        for i, k in enumerate(ks):
+            e = cmp.paired_bootstrap(dd[i], **boot)
+            out[split][str(int(k))] = {"diff": e["mean"], "lo": e["lo"], "hi": e["hi"],
+                                       "floor": max(abs(e["mean"]), e["half_width"])}
     return out
 
 
-def _ci(e: dict[str, float]) -> str:
-    return f"{100 * e['mean']:+.1f} [{100 * e['lo']:+.1f}, {100 * e['hi']:+.1f}]"
-
-
-def _short(verdict: str) -> str:
-    return {"better": "▲", "worse": "▼"}.get(verdict, "=")
+__all__ = ["RUN_FIELDS", "aggregate", "allocation_diagnostics", "build_table",
+           "comparison_markdown", "gather", "ks_curve", "paired_floor"]

@@ -30,7 +30,8 @@ from sera_jax.sampling import SamplingConfig
 from sera_jax.studies import common
 from sera_jax.tasks import maze as maze_lib
 
-STAGES = ("sft", "rl", "eval", "all", "compare", "regime", "frontier")
+STAGES = ("sft", "rl", "eval", "all", "compare", "regime", "frontier", "preregister",
+          "matched", "export")
 #: The null-control arm: uniform with rewards permuted within each batch.
 NULL = "null"
 #: The A/A control arm: the baseline method again, RL seed `seed + compare.aa_seed_offset`,
@@ -52,7 +53,9 @@ ALLOC_RECORDS = "alloc.jsonl"
 #: `eval.kv_cache_dtype` ('' = the compute dtype); `model.scan_layers` (the layout of the
 #: layers' parameters: the same function, equal to float32 tolerance, not bitwise).
 MODEL_DEFAULTS = {"dtype": "float32", "scan_layers": False}
-EVAL_DEFAULTS = {"kv_cache_dtype": ""}
+#: `eval.paired_noise` (issue 37): also score each run's final policy with the noise key set
+#: (the paired noise floor, `report.paired_floor`); off for configs that predate it.
+EVAL_DEFAULTS = {"kv_cache_dtype": "", "paired_noise": False}
 
 
 # ----------------------------------------------------------------------------- building
@@ -238,6 +241,8 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequ
     c(isinstance(e.seed, int), "eval.seed", e.seed, "an integer")
     c(e.get("kv_cache_dtype", "") in CACHE_DTYPE_NAMES, "eval.kv_cache_dtype",
       e.get("kv_cache_dtype"), CACHE_DTYPE_HELP)
+    c(isinstance(e.get("paired_noise", False), bool), "eval.paired_noise",
+      e.get("paired_noise"), "True or False (score each final policy with the noise keys too)")
     c(isinstance(e.noise_seed, int) and e.noise_seed != e.seed, "eval.noise_seed",
       e.noise_seed, f"an integer other than eval.seed={e.seed} (the second key set)")
     if cfg.compare.get("primary") is not None:
@@ -265,6 +270,9 @@ def validate_compare(cfg: ml_collections.ConfigDict) -> None:
         common.int_list(k.aa_seeds, "compare.aa_seeds")  # () = compare.seeds
         c(isinstance(k.aa_seed_offset, int) and k.aa_seed_offset > 0, "compare.aa_seed_offset",
           k.aa_seed_offset, "an integer > 0 (the A/A arm's RL seed is seed + offset)")
+    from sera_jax.studies.maze.validity import validate_validity  # imports this module
+
+    validate_validity(cfg)
 
 
 def validate_primary(cfg: ml_collections.ConfigDict) -> None:

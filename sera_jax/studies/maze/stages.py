@@ -35,6 +35,7 @@ from sera_jax.studies.maze.setup import (
     sft_fingerprint,
     sft_width,
 )
+from sera_jax.studies.maze.validity import sft_validity, validity_line
 
 
 def stage_sft(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[str, Any]:
@@ -69,7 +70,11 @@ def stage_sft(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[s
                    "eval": _eval_fingerprint(cfg, ("num_samples", "curve_samples",
                                                    "num_prompts", "train_prompts",
                                                    "temperature", "seed"))}
-    return common.cached_json(os.path.join(sft_dir, "eval.json"), fingerprint, compute)
+    out = common.cached_json(os.path.join(sft_dir, "eval.json"), fingerprint, compute)
+    # The maze-blind control beside the start (sft/validity.json; the RL stages' gate).
+    validity = sft_validity(cfg, sft_dir, out["final"], result.step)
+    logging.info("%s", validity_line(validity))
+    return out
 
 
 class RecordingProgram(trainer_lib.RLProgram):
@@ -147,6 +152,11 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
             common.append_eval(out, {**curve, **where, "curve": True})
             ev["final_only"] = True
         common.append_eval(out, {**ev, **where})
+        if final and cfg.eval.get("paired_noise", False):
+            # The final policy with the noise key set too: the paired noise floor.
+            noise = evaluate_policy(policy, task, cfg, cfg.eval.num_samples, step, mesh,
+                                    seed=int(cfg.eval.noise_seed))
+            common.append_eval(out, {**noise, **where, "noise_keys": True})
         logging.info("%s seed %d step %d: held-out pass@k %s", method, seed, step,
                      {k: round(v, 4) for k, v in ev["pass_at_k"].items()})
         return {f"pass@{k}": v for k, v in ev["pass_at_k"].items()}

@@ -17,7 +17,10 @@ from sera_jax.records import log_timing
 from sera_jax.rl import trainer as trainer_lib
 from sera_jax.studies import common
 from sera_jax.studies.maze.curves import preregister
+from sera_jax.studies.maze.export import export_results
 from sera_jax.studies.maze.frontier import frontier_markdown, stage_frontier, validate_frontier
+from sera_jax.studies.maze.matched import matched_markdown, stage_matched
+from sera_jax.studies.maze.prereg import check_preregistration, write_preregistration
 from sera_jax.studies.maze.regime import regime_markdown, stage_regime, validate_regime
 from sera_jax.studies.maze.report import aggregate, comparison_markdown
 from sera_jax.studies.maze.setup import (
@@ -27,13 +30,14 @@ from sera_jax.studies.maze.setup import (
     validate,
 )
 from sera_jax.studies.maze.stages import run_plan, stage_sft
+from sera_jax.studies.maze.validity import require_readable
 
 
 def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
         methods: Sequence[str | methods_lib.Method] | None = None,
         seeds: Sequence[int | str] | None = None) -> dict[str, Any] | None:
     """Run one stage (see the package docstring) after validating everything; returns the
-    aggregate for the eval stages.
+    aggregate for the eval stages (the record / output of preregister, matched, export).
 
     `methods`: names of `sera_jax.methods.METHODS` or its `Method` presets (the binary's
     `--methods`); `seeds`: integers (or the digit strings of `--seeds`). Each defaults to
@@ -52,10 +56,17 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     resolved = validate(cfg, methods, seeds)  # each arm's Method, resolved once
     if stage == "regime":
         validate_regime(cfg)
-    if stage == "frontier":
+    if stage in ("frontier", "matched") or (stage == "preregister" and "frontier" in cfg):
         validate_frontier(cfg)
+    if stage == "preregister":  # before any RL run; commit the file it writes
+        record = write_preregistration(cfg)
+        logging.info("pre-registration of %s: %s (commit it before any RL run)",
+                     cfg.get("name"), record["path"])
+        return record
     workdir = common.prepare_workdir(workdir)
-    if stage in ("rl", "eval", "compare", "frontier") and not os.path.exists(
+    if stage in ("rl", "all", "compare") and cfg.compare.get("primary") is not None:
+        check_preregistration(cfg, "comparison")  # the committed file, before any work
+    if stage in ("rl", "eval", "compare", "frontier", "matched", "export") and not os.path.exists(
             os.path.join(workdir, "sft", "eval.json")):
         raise common.StudyError(f"--stage={stage} needs the SFT stage's output in "
                                 f"{os.path.join(workdir, 'sft')}: run --stage=sft first")
@@ -67,6 +78,9 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     table = None
     if stage in ("sft", "all", "regime"):
         stage_sft(cfg, workdir, mesh)
+    if stage in ("rl", "all", "compare", "frontier", "matched"):
+        # The validity gate: no RL comparison on a start a maze-blind guesser matches.
+        require_readable(cfg, os.path.join(workdir, "sft"), f"--stage={stage}")
     if stage in ("rl", "all", "compare"):
         if cfg.compare.get("primary") is not None:
             preregister(cfg, workdir)  # the primary endpoint, fixed before any RL run
@@ -81,5 +95,11 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     if stage == "frontier":  # --seeds: this process's share of every lr's runs
         table = stage_frontier(cfg, workdir, mesh, seeds if explicit else None)
         logging.info("\n%s", frontier_markdown(table))
+    if stage == "matched":  # --seeds: this process's share of the matched arm's runs
+        table = stage_matched(cfg, workdir, mesh, seeds if explicit else None)
+        logging.info("\n%s", matched_markdown(table))
+    if stage == "export":
+        table = export_results(cfg, workdir, methods, seeds)
+        logging.info("exported %s", table["dir"])
     log_timing(workdir, f"stage_{stage}", time.perf_counter() - t0)
     return table

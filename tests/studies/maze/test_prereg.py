@@ -1,0 +1,103 @@
+"""The committed pre-registration (issue 37): written once, checked before any RL run, and
+the aggregator refuses a changed primary endpoint."""
+
+import json
+import os
+
+import pytest
+
+from sera_jax import config_files
+from sera_jax.studies import common
+from sera_jax.studies import maze as study
+from sera_jax.studies.maze import prereg
+from tests import util
+
+
+def _tiny(path):
+    cfg = config_files.get_config(os.path.join(util.ROOT, "configs", "maze", "tiny.py"))
+    cfg.compare.preregistration = str(path)
+    return cfg
+
+
+def test_default_path_is_in_the_repository_by_config_name():
+    cfg = config_files.get_config(os.path.join(util.ROOT, "configs", "maze", "cpu.py"))
+    assert prereg.preregistration_path(cfg) == os.path.join(
+        util.ROOT, "results", "maze", "maze_cpu_long", "preregistration.json")
+
+
+def test_write_then_check_and_refuse_changes(tmp_path):
+    path = tmp_path / "p.json"
+    cfg = _tiny(path)
+    rec = study.run(cfg, str(tmp_path / "w"), "preregister")
+    assert not os.path.exists(tmp_path / "w")  # no workdir needed
+    saved = json.load(open(path))
+    assert saved["comparison"]["primary"]["k"] == cfg.compare.primary.k
+    assert len(saved["comparison"]["config_hash"]) == 64 and rec["path"] == str(path)
+    fr = saved["frontier"]
+    assert fr["learning_rates"] == list(cfg.frontier.learning_rates) and fr["window"] == 2
+    assert "best mean pass@8" in fr["selection_rule"] and "log lr" in fr["matched"]["rule"]
+    assert prereg.check_preregistration(cfg)["hash_matches"]
+    # Rewriting with the same config is a no-op; cadence and the file's path are not hashed.
+    same = _tiny(path)
+    same.rl.log_every = 7
+    same.eval.batch_size = 16
+    study.run(same, str(tmp_path / "w"), "preregister")
+    assert json.load(open(path)) == saved
+    prereg.check_preregistration(same)
+    # What the comparison computes is hashed: refused before a run, naming the field.
+    for field, value in (("rl.optimizer.learning_rate", 1e-4), ("task.seed", 5),
+                         ("compare.primary.k", 4), ("compare.seeds", (0, 1, 2))):
+        changed = util.set_field(_tiny(path), field, value)
+        with pytest.raises(common.StudyError, match="differs from its pre-registration"):
+            prereg.check_preregistration(changed)
+        with pytest.raises(common.StudyError, match="never rewritten"):
+            prereg.write_preregistration(changed)
+    changed = util.set_field(_tiny(path), "frontier.learning_rates", (1e-5,))
+    with pytest.raises(common.StudyError, match="frontier differs"):
+        prereg.check_preregistration(changed, "frontier")
+
+
+def test_rl_stage_refuses_without_the_file(tmp_path):
+    cfg = _tiny(tmp_path / "missing.json")
+    work = tmp_path / "w"
+    os.makedirs(work / "sft")
+    with open(work / "sft" / "eval.json", "w") as f:  # an SFT stage (the gate reads counts)
+        json.dump({"final": {"num_samples": 8, "num_correct": [0], "key_seed": 1234},
+                   "fingerprint": {"sft_step": 3}}, f)
+    for stage in ("rl", "compare"):
+        with pytest.raises(common.StudyError, match=r"no pre-registration at .*missing\.json: "
+                                                    r"write it with .*--stage=preregister"):
+            study.run(cfg, str(work), stage)
+    assert not os.path.exists(work / "rl")
+
+
+def test_aggregator_refuses_a_primary_that_differs(tmp_path):
+    path = tmp_path / "p.json"
+    prereg.write_preregistration(_tiny(path))
+    assert prereg.check_primary(_tiny(path))["primary_matches"]
+    changed = util.set_field(_tiny(path), "compare.primary.k", 4)
+    with pytest.raises(common.StudyError, match="differ from the pre-registered primary"):
+        prereg.check_primary(changed)
+    # Another config hash (e.g. a shorter exploratory run) is recorded, not refused.
+    other = util.set_field(_tiny(path), "rl.num_steps", 2)
+    assert prereg.check_primary(other)["hash_matches"] is False
+    assert prereg.check_primary(_tiny(tmp_path / "none.json")) == {
+        "path": str(tmp_path / "none.json"), "found": False}
+
+
+def test_matched_choice_is_written_before_the_arm_and_fixed_once(tmp_path):
+    from sera_jax.studies.maze import matched
+
+    path = tmp_path / "p.json"
+    cfg = _tiny(path)
+    prereg.write_preregistration(cfg)
+    choice = {**matched.matched_lr([(1e-5, 0.02)], 0.01), "target_gain": 0.01,
+              "uniform_gains": {"1e-05": 0.02}, "start_pass1": 0.04}
+    rec = matched.record_choice(cfg, choice)
+    assert json.load(open(path))["lr_matched"] == rec and rec["lr"] == pytest.approx(5e-6)
+    assert matched.record_choice(cfg, choice) == rec  # the same numbers: confirmed
+    other = {**choice, "lr": 7e-6}
+    with pytest.raises(common.StudyError, match="already records the matched lr"):
+        matched.record_choice(cfg, other)
+    prereg.check_preregistration(cfg)  # the added section leaves the others valid
+    prereg.check_preregistration(cfg, "frontier")
