@@ -8,7 +8,7 @@ import os
 import pytest
 
 from sera_jax import config_files
-from sera_jax.studies.maze import setup, study
+from sera_jax.studies.maze import prereg, setup, study
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 
@@ -35,6 +35,12 @@ def test_gpu17_tiny_runs_end_to_end_with_the_blind_control(tmp_path):
     path = os.path.join(ROOT, "configs/maze/gpu17_tiny.py")
     cfg = config_files.get_config(path)
     assert cfg.model.overrides.attention_impl == "dot_product"  # the option on the CPU path
+    committed = prereg.preregistration_path(cfg)
+    assert os.path.exists(committed)  # the device rehearsal's run needs it
+    cfg.compare.preregistration = str(tmp_path / "prereg.json")
+    study.run(cfg, str(tmp_path), "preregister")
+    with open(committed) as a, open(tmp_path / "prereg.json") as b:
+        assert a.read() == b.read()  # the committed file is this config's
     table = study.run(cfg, str(tmp_path), "all")
     assert set(table["methods"]) >= {"uniform", "sera"}
     summary = _summary_module().summarise(path, str(tmp_path))
