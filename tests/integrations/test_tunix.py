@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-pytest.importorskip("tunix", reason="google-tunix is not installed: pip install 'sera_jax[tunix]'")
+pytest.importorskip("tunix", reason="google-tunix is not installed: pip install '.[tunix]'")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -19,11 +19,13 @@ def check_tunix_version(version: str | None = None) -> str:
             version = importlib.metadata.version("google-tunix")
         except importlib.metadata.PackageNotFoundError:
             raise ImportError(f"sera_jax.integrations.tunix needs google-tunix=={supported}: "
-                              "pip install 'sera_jax[tunix]'") from None
+                              f"pip install 'google-tunix=={supported}' (from a clone of sera_jax: "
+                              "pip install '.[tunix]')") from None
     if version not in SUPPORTED_TUNIX_VERSIONS and not os.environ.get(UNCHECKED_ENV):
         raise ImportError(
             f"sera_jax.integrations.tunix supports google-tunix=={supported} (tested: "
             f"{', '.join(SUPPORTED_TUNIX_VERSIONS)}); found {version}. Install the supported "
-            f"one (pip install 'google-tunix=={supported}' or 'sera_jax[tunix]'), or set "
+            f"one (pip install 'google-tunix=={supported}', or '.[tunix]' from a clone of "
+            f"sera_jax), or set "
             f"{UNCHECKED_ENV}=1 to try {version} unsupported.")
     return version

@@ -113,15 +113,16 @@ def plot_alignment(table: Sequence[dict[str, Any]], path: str, stages: Sequence[
 
 def summary_markdown(table: Sequence[dict[str, Any]], stages: Sequence[dict[str, Any]],
                      methods: Sequence[str], seconds: float,
-                     config: ml_collections.ConfigDict) -> str:
+                     config: ml_collections.ConfigDict, note: str = "") -> str:
     """Markdown: stage statistics, cosine mean ± se per (stage, budget) and allocator, and
-    SERA-dynamic vs uniform paired differences with κ diagnostics."""
+    SERA-dynamic vs uniform paired differences with κ diagnostics; `note` follows the wall
+    time (e.g. how many units a resumed run reused)."""
     ms, al = config.measure, config.rl.allocation
     lines = [f"## Gradient alignment — {config.data.name}, {config.model.name}", "",
              f"{ms.num_draws} paired draws per cell, seed {config.seed}, measure batch "
              f"P = {ms.prompts_per_step}, n_min = {al.n_min}, n_max = {al.n_max}, θ = "
              f"{al.threshold}; "
-             f"wall time {seconds:.1f} s.", "",
+             f"wall time {seconds:.1f} s{note}.", "",
              "| stage | CE steps | mean p | median p | p<0.1 | p>0.9 | top-1 |",
              "|---|---|---|---|---|---|---|"]
     for s in stages:

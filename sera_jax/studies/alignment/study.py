@@ -11,12 +11,15 @@
   rollouts (pilot included) with the weights N0/N_q of the realised counts
   (`alignment.allocate_batch(..., pilot_successes=)`). Writes `alignment.csv`,
   `alignment.png` (one panel per stage), TensorBoard scalars and `summary.md` (also returned
-  and printed by the binary).
+  and printed by the binary). Resumable: each (stage, budget) unit is stored in `units/`
+  when it finishes, and a re-run skips the stored units (with every unit stored, also the CE
+  training); a re-run under another measurement config is refused (`measure_fingerprint`).
 * `run_train(config, workdir)` — train with the RL loss of one method (`config.rl`: the
   published protocol) and log every `rl.log_every` steps the cosine to the exact gradient on
   that step's minibatch, CE / top-1 on the minibatch and on validation, and analytic pass@k
   on validation (`config.eval`). One-shot methods only (a two-stage method is refused by
-  `validate`). Writes `train_log.csv`, TensorBoard scalars and `summary.md`.
+  `validate`). Writes `train_log.csv`, TensorBoard scalars and `summary.md`. Not resumable:
+  a re-run trains again from step 0.
 
 Both run data-parallel over all local devices: the batch is sharded over the mesh's batch
 axes (`sera_jax.sharding`), parameters are replicated, and `jax.jit` partitions the rest.
@@ -38,8 +41,9 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from sera_jax import loop, optim, sharding, validation
 from sera_jax import methods as methods_lib
-from sera_jax import optim, sharding, validation
+from sera_jax.records import read_json, write_json
 from sera_jax.rl import config as rl_config
 from sera_jax.studies import common
 from sera_jax.studies.alignment import data as data_lib
@@ -297,10 +301,58 @@ def _allocate(name: str, p: np.ndarray, n0: int, draw_keys: jax.Array, logits: j
                                     pilot_successes=pilot)
 
 
+#: Measure-mode fields a resumed run may change: budgets are separate units (a new budget
+#: is computed, a stored one reused); the rest of `measure_fingerprint` must match.
+MEASURE_RESUMABLE = ("measure.budgets",)
+#: Bump when a change to the code changes what a stored unit holds.
+UNITS_VERSION = 1
+
+
+def measure_fingerprint(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """Everything measure mode's numbers depend on: seed, data, model, the CE training, the
+    allocation bounds, the mesh, the measurement block and the methods (not train mode's
+    `rl.*` fields, `eval.*` or `name`). Stored in `units/fingerprint.json`."""
+    return loop.canonical({
+        "version": UNITS_VERSION, "seed": config.seed, "data": config.data,
+        "model": config.model, "sft": config.sft, "allocation": config.rl.allocation,
+        "mesh": config.rl.mesh, "measure": config.measure,
+        "methods": list(config.compare.methods)})
+
+
+def _units_dir(workdir: str, config: ml_collections.ConfigDict) -> str:
+    """`<workdir>/units`, made and stamped with `measure_fingerprint(config)`; a stamp of
+    another measurement is refused (CheckpointError naming every changed field)."""
+    units = os.path.join(workdir, "units")
+    os.makedirs(units, exist_ok=True)
+    path, fp = os.path.join(units, "fingerprint.json"), measure_fingerprint(config)
+    if os.path.exists(path):
+        loop.check_fingerprint(read_json(path).get("fingerprint"), fp, MEASURE_RESUMABLE,
+                               workdir)
+    write_json(path, {"fingerprint": fp})
+    return units
+
+
+def _unit_path(units: str, stage_index: int, budget: int) -> str:
+    return os.path.join(units, f"stage{stage_index}_n{budget}.json")
+
+
+def _stage_path(units: str, stage_index: int) -> str:
+    return os.path.join(units, f"stage{stage_index}.json")
+
+
+def _stored(path: str) -> dict[str, Any] | None:
+    """The record at `path`, or None when it is missing or torn (it is then recomputed)."""
+    try:
+        return read_json(path) if os.path.exists(path) else None
+    except ValueError:
+        return None
+
+
 def run_measure(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-    """Measure mode; returns {'rows': csv rows, 'summary': markdown, 'seconds': wall time}."""
+    """Measure mode; returns {'rows': csv rows, 'table', 'stages', 'summary': markdown,
+    'seconds': wall time of this call, 'reused': units taken from `units/`}."""
     t0 = time.time()
-    ms, al = config.measure, config.rl.allocation
+    ms = config.measure
     os.makedirs(workdir, exist_ok=True)
     stage_steps = [int(s) for s in ms.stage_steps]
     stage_names = list(ms.stage_names) if ms.get("stage_names") else [
@@ -312,72 +364,112 @@ def run_measure(config: ml_collections.ConfigDict, workdir: str) -> dict[str, An
     mesh = _mesh(config)
     _check_divisible("config.sft.batch_size", config.sft.batch_size, mesh)
     _check_divisible("config.measure.prompts_per_step", ms.prompts_per_step, mesh)
-    source = DataSource(config, config.sft.batch_size)
-    batch = source.measure(ms.prompts_per_step, ms.split, config.seed)
-    images, labels = (sharding.shard_batch(batch["image"], mesh),
-                      sharding.shard_batch(batch["label"], mesh))
-    writer = _writer(workdir)
-    rows: list[dict[str, Any]] = []
-    stage_info = []
+    units = _units_dir(workdir, config)
+    stored = {(si, n0): _stored(_unit_path(units, si, n0))
+              for si in range(len(stage_steps)) for n0 in budgets}
+    stage_info: list[dict[str, Any] | None] = [_stored(_stage_path(units, si))
+                                               for si in range(len(stage_steps))]
+    todo = [si for si in range(len(stage_steps)) if stage_info[si] is None
+            or any(stored[(si, n0)] is None for n0 in budgets)]
+    reused = sum(r is not None for r in stored.values())
+    if reused:
+        logging.info("resuming in %s: %d of %d (stage, budget) units stored", units, reused,
+                     len(stored))
+    writer = _writer(workdir) if todo else None
     key = jax.random.key(config.seed)
-    n_units, n_total = 0, len(stage_steps) * len(budgets)
-    snapshots = ce_snapshots(config, source, mesh)
-    for si, (stage, step, (graphdef, params, batch_stats)) in enumerate(
-            zip(stage_names, stage_steps, snapshots)):
+    n_units, n_total = 0, sum(stored[(si, n0)] is None for si in todo for n0 in budgets)
+    if todo:  # the CE training runs up to the last stage with a unit left
+        source = DataSource(config, config.sft.batch_size)
+        batch = source.measure(ms.prompts_per_step, ms.split, config.seed)
+        images, labels = (sharding.shard_batch(batch["image"], mesh),
+                          sharding.shard_batch(batch["label"], mesh))
+        snapshots = ce_snapshots(config, source, mesh)
+    for si, (stage, step) in enumerate(zip(stage_names, stage_steps)):
+        if si > max(todo, default=-1):
+            break
+        graphdef, params, batch_stats = next(snapshots)
+        if si not in todo:
+            continue
         logits, vjp_fn = _linearize_fn(graphdef, ms.bn_train)(params, batch_stats, images)
         logits_host = np.asarray(jax.device_get(logits))
         p = alignment.success_probs(logits_host, batch["label"])
-        stage_info.append({
+        stage_info[si] = {
             "stage": stage, "step": step, "mean_p": float(p.mean()),
             "median_p": float(np.median(p)), "frac_p_below_0.1": float((p < 0.1).mean()),
             "frac_p_above_0.9": float((p > 0.9).mean()),
-            "top1": float((logits_host.argmax(1) == batch["label"]).mean())})
+            "top1": float((logits_host.argmax(1) == batch["label"]).mean())}
+        write_json(_stage_path(units, si), stage_info[si])
         exact = alignment.ce_logit_cotangent(logits, labels)
         for n0 in budgets:
-            skey = jax.random.fold_in(jax.random.fold_in(key, si), n0)
-            draw_keys = jax.random.split(skey, num_draws)
-            allocs = [_allocate(n, p, n0, draw_keys, logits, labels, al) for n in names]
-            # Paired draws: the same key for every allocator at draw r; [R, A, P] -> [R·A, P].
-            per_draw = lambda x: np.broadcast_to(x, (num_draws,) + x.shape[-1:])  # noqa: E731
-            m_counts, m_weights = (
-                np.stack([per_draw(getattr(a, f)) for a in allocs], 1).reshape(-1, p.size)
-                for f in ("counts", "weights"))
-            m_keys = jnp.repeat(draw_keys, len(names), axis=0)
-            cots = _cotangents(n0, ms.cot_chunk, m_keys, logits, labels, m_counts, m_weights)
-            expected = jnp.stack([alignment.expected_cotangent_of(a, logits, labels, n0)
-                                  for a in allocs])
-            cos, ratio = alignment.gradient_alignment(
-                vjp_fn, jnp.concatenate([cots, expected]), exact, unroll=ms.unroll)
+            if stored[(si, n0)] is not None:
+                continue
+            t_unit = time.time()
+            rows = _measure_unit(config, si, stage, step, n0, names, key, p, logits, labels,
+                                 vjp_fn, exact)
+            stored[(si, n0)] = {"rows": rows, "seconds": time.time() - t_unit}
+            write_json(_unit_path(units, si, n0), stored[(si, n0)])
             m = num_draws * len(names)
-            cos_exp = cos[m:]
-            for i in range(m):
-                r, a = divmod(i, len(names))
-                ab = allocs[a]  # κ: E[c_q], over the pilot too for a two-stage method
-                rows.append({
-                    "stage": stage, "stage_step": step, "budget": n0, "method": names[a],
-                    "draw": r, "seed": config.seed, "cosine": float(cos[i]),
-                    "norm_ratio": float(ratio[i]), "cosine_expected": float(cos_exp[a]),
-                    "kappa_min": ab.kappa_min, "kappa_mean": ab.kappa_mean,
-                    "active_frac": ab.active_frac})
             for a, n in enumerate(names):
                 writer.add_scalar(f"measure/{stage.replace(' ', '_')}/{n}/cosine",
-                                  float(cos[a:m:len(names)].mean()), n0)
+                                  float(np.mean([r["cosine"] for r in rows[a:m:len(names)]])),
+                                  n0)
             n_units += 1
             el = time.time() - t0
             logging.info("[%d/%d] stage %r N0=%d: %s | %.0fs elapsed, ~%.0fs left", n_units,
                          n_total, stage, n0, " ".join(
-                             f"{n}={cos[a:m:len(names)].mean():.3f}"
+                             f"{n}={np.mean([r['cosine'] for r in rows[a:m:len(names)]]):.3f}"
                              for a, n in enumerate(names)), el, el / n_units * (n_total - n_units))
-    writer.close()
+    if writer is not None:
+        writer.close()
     seconds = time.time() - t0
+    rows = [r for si in range(len(stage_steps)) for n0 in budgets
+            for r in stored[(si, n0)]["rows"]]
     write_csv(os.path.join(workdir, "alignment.csv"), rows, CSV_COLUMNS)
     table = aggregate(rows)
     plot_alignment(table, os.path.join(workdir, "alignment.png"), stage_names, names)
-    summary = summary_markdown(table, stage_info, names, seconds, config)
+    note = (f" ({reused} of {len(stored)} (stage, budget) units reused from an earlier run: "
+            f"{sum(stored[u]['seconds'] for u in stored):.1f} s of measurement in all)"
+            if reused else "")
+    summary = summary_markdown(table, stage_info, names, seconds, config, note=note)
     with open(os.path.join(workdir, "summary.md"), "w") as f:
         f.write(summary)
     return {"rows": rows, "table": table, "stages": stage_info, "summary": summary,
-            "seconds": seconds}
+            "seconds": seconds, "reused": reused}
+
+
+def _measure_unit(config: ml_collections.ConfigDict, si: int, stage: str, step: int, n0: int,
+                  names: Sequence[str], key: jax.Array, p: np.ndarray, logits: jax.Array,
+                  labels: jax.Array, vjp_fn: Any, exact: jax.Array) -> list[dict[str, Any]]:
+    """The CSV rows of one (stage, budget) unit: every method × paired draw."""
+    ms, al = config.measure, config.rl.allocation
+    num_draws = int(ms.num_draws)
+    skey = jax.random.fold_in(jax.random.fold_in(key, si), n0)
+    draw_keys = jax.random.split(skey, num_draws)
+    allocs = [_allocate(n, p, n0, draw_keys, logits, labels, al) for n in names]
+    # Paired draws: the same key for every allocator at draw r; [R, A, P] -> [R·A, P].
+    per_draw = lambda x: np.broadcast_to(x, (num_draws,) + x.shape[-1:])  # noqa: E731
+    m_counts, m_weights = (
+        np.stack([per_draw(getattr(a, f)) for a in allocs], 1).reshape(-1, p.size)
+        for f in ("counts", "weights"))
+    m_keys = jnp.repeat(draw_keys, len(names), axis=0)
+    cots = _cotangents(n0, ms.cot_chunk, m_keys, logits, labels, m_counts, m_weights)
+    expected = jnp.stack([alignment.expected_cotangent_of(a, logits, labels, n0)
+                          for a in allocs])
+    cos, ratio = alignment.gradient_alignment(
+        vjp_fn, jnp.concatenate([cots, expected]), exact, unroll=ms.unroll)
+    m = num_draws * len(names)
+    cos_exp = cos[m:]
+    rows = []
+    for i in range(m):
+        r, a = divmod(i, len(names))
+        ab = allocs[a]  # κ: E[c_q], over the pilot too for a two-stage method
+        rows.append({
+            "stage": stage, "stage_step": step, "budget": n0, "method": names[a],
+            "draw": r, "seed": config.seed, "cosine": float(cos[i]),
+            "norm_ratio": float(ratio[i]), "cosine_expected": float(cos_exp[a]),
+            "kappa_min": float(ab.kappa_min), "kappa_mean": float(ab.kappa_mean),
+            "active_frac": float(ab.active_frac)})
+    return rows
 
 
 def evaluate(steps: Steps, state: TrainState, source: DataSource, mesh,

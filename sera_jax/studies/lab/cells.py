@@ -8,11 +8,19 @@ each seed's pass@k averaged over the last evaluation points (`maze_cell.window`,
 sampling) each arm's pass@k at the baseline's number of generated rollouts;
 `maze_cell_setup`, `maze_family_setup`, `regime_setup` the setups of the cells that change
 the main cell's task or shape. Used by `study`, `sweep` and `regime`.
+
+With a `cache_dir`, `run_cell` stores each arm's result there under the fingerprint of what
+it depends on (`arm_fingerprint`) and a re-run loads it instead of training again: a killed
+study resumes at the first arm it had not finished, and a changed config recomputes only
+the arms it changes (a stored arm is used only under an identical fingerprint).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,6 +29,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from sera_jax import loop
 from sera_jax import methods as methods_lib
 from sera_jax.studies.lab import stats, train
 
@@ -44,10 +53,58 @@ def _computation(method: methods_lib.Method) -> tuple:
             method.dynamic_sampling)
 
 
+#: The study's store of finished arms: `<workdir>/arms/` (`run_cell(cache_dir=)`).
+ARMS = "arms"
+#: Bump when a change to the code changes what a stored arm holds (`arm_fingerprint`).
+CACHE_VERSION = 1
+
+
+def arm_fingerprint(arm: str, method: methods_lib.Method, setup: train.Setup, seed: int,
+                    seeds: Sequence[int], law: Any, stream: int, null: bool) -> dict[str, Any]:
+    """Everything one arm's result depends on, as JSON: the arm, its resolved method, the
+    whole setup (task, shape, optimiser, length), the paired seeds, the difficulty law, the
+    rollout stream and the null switch."""
+    law = np.asarray(law).tolist() if isinstance(law, np.ndarray) else law
+    return loop.canonical({"version": CACHE_VERSION, "arm": arm, "method": method.to_dict(),
+                           "setup": dataclasses.asdict(setup), "seed": int(seed),
+                           "seeds": [int(s) for s in seeds], "law": law,
+                           "stream": int(stream), "null": bool(null)})
+
+
+def _arm_path(cache_dir: str, fingerprint: Mapping[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
+    return os.path.join(cache_dir, f"{fingerprint['arm']}_{digest[:16]}.npz")
+
+
+def load_arm(cache_dir: str, fingerprint: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
+    """The stored result of the arm `fingerprint` in `cache_dir`, or None (not stored, torn
+    by a kill, or stored under another fingerprint)."""
+    path = _arm_path(cache_dir, fingerprint)
+    try:
+        with np.load(path) as z:
+            stored = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError):
+        return None
+    if json.loads(str(stored.pop("__fingerprint__", "null"))) != fingerprint:
+        return None
+    return stored
+
+
+def save_arm(cache_dir: str, fingerprint: Mapping[str, Any],
+             result: Mapping[str, np.ndarray]) -> None:
+    """Store an arm's result atomically (a temporary file, then a rename)."""
+    os.makedirs(cache_dir, exist_ok=True)
+    path = _arm_path(cache_dir, fingerprint)
+    tmp = path[:-len(".npz")] + ".tmp.npz"
+    np.savez_compressed(tmp, __fingerprint__=np.asarray(json.dumps(fingerprint, sort_keys=True)),
+                        **{k: np.asarray(v) for k, v in result.items()})
+    os.replace(tmp, path)
+
+
 def run_cell(method_names: Sequence[str], setup: train.Setup, seed: int, seeds: Sequence[int],
              laws: Mapping[str, Any], runners: dict | None = None, controls: bool = False,
-             threshold: float | None = None, checked: Sequence[str] = ()
-             ) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+             threshold: float | None = None, checked: Sequence[str] = (),
+             cache_dir: str | None = None) -> dict[str, dict[str, dict[str, np.ndarray]]]:
     """results[law][arm] = `train.Runner` output on the paired seeds `seeds` of `seed`.
 
     Arms: the methods, and with `controls` the null arm `NULL` (uniform, rewards shuffled
@@ -59,25 +116,38 @@ def run_cell(method_names: Sequence[str], setup: train.Setup, seed: int, seeds: 
     A/A arm and its null; a method and its multiplicity ablation (`sera`,
     `sera_no_multiplicity`) when both are in the cell. `checked`: methods whose first step
     runs in checked mode first (`train.check_first_step`, on the first law's tasks; a failed
-    check raises before any of the cell's runs).
+    check raises before any of the cell's runs). `cache_dir`: arms stored there under their
+    `arm_fingerprint` are loaded, not run; the others are stored when they finish.
     """
     runners = {} if runners is None else runners
+    fingerprints = {(arm, law): arm_fingerprint(arm, method, setup, seed, seeds, laws[law],
+                                                stream, null)
+                    for arm, method, stream, null in _arms(method_names, threshold, controls)
+                    for law in laws}
+    out: dict[str, dict[str, dict[str, np.ndarray]]] = {law: {} for law in laws}
+    if cache_dir is not None:
+        for (arm, law), fp in fingerprints.items():
+            stored = load_arm(cache_dir, fp)
+            if stored is not None:
+                out[law][arm] = stored
+        if all(arm in out[law] for arm, law in fingerprints):
+            logging.info("lab: every arm of the cell loaded from %s", cache_dir)
+            return out
     keys = train.seed_keys(seed, seeds)
     tasks = {law: train.make_tasks(setup, seed, seeds, spec) for law, spec in laws.items()}
-    out: dict[str, dict[str, dict[str, np.ndarray]]] = {law: {} for law in laws}
-    for name in (n for n in method_names if n in checked):
+    done = lambda arm: all(arm in out[law] for law in laws)  # noqa: E731 -- loaded
+    for name in (n for n in method_names if n in checked and not done(n)):
         train.check_first_step(method_for(name, threshold), setup, keys,
                                tasks[next(iter(laws))])
-    arms = [(n, method_for(n, threshold), 0, False) for n in method_names]
-    if controls:
-        uniform = method_for("uniform", threshold)
-        arms += [(NULL, uniform, 0, True), (AA, uniform, 1, False)]
+    arms = _arms(method_names, threshold, controls)
     # Why switches: a cell's wall time is XLA compilation (a compiled run takes < 1 s).
     weightings: dict[tuple, set[bool]] = {}
     for _, method, _, _ in arms:
         weightings.setdefault(_computation(method), set()).add(method.multiplicity)
     short = setup.with_(num_steps=setup.eval_every)
     for arm, method, stream, null in arms:
+        if done(arm):
+            continue
         comp = _computation(method)
         need_null = controls and method.name == "uniform"
         need_mult = len(weightings[comp]) > 1 and not method.dynamic_sampling
@@ -93,12 +163,27 @@ def run_cell(method_names: Sequence[str], setup: train.Setup, seed: int, seeds: 
                 dataclasses.replace(method, multiplicity=True) if need_mult else method,
                 short, null_arm=need_null, multiplicity_switch=need_mult)
         for law in laws:
+            if arm in out[law]:
+                continue  # loaded from cache_dir
             t0 = time.time()
             out[law][arm] = runners[key](keys, tasks[law], setup.num_steps, stream, null,
                                          method.multiplicity)
+            if cache_dir is not None:
+                save_arm(cache_dir, fingerprints[(arm, law)], out[law][arm])
             logging.info("lab: %s on %s (%d seeds) in %.1fs", arm, law, keys.shape[0],
                          time.time() - t0)
     return out
+
+
+def _arms(method_names: Sequence[str], threshold: float | None, controls: bool
+          ) -> list[tuple[str, methods_lib.Method, int, bool]]:
+    """(arm name, method, rollout stream, null) of a cell: the methods, then with
+    `controls` the null and A/A arms."""
+    arms = [(n, method_for(n, threshold), 0, False) for n in method_names]
+    if controls:
+        uniform = method_for("uniform", threshold)
+        arms += [(NULL, uniform, 0, True), (AA, uniform, 1, False)]
+    return arms
 
 
 def _final(res: Mapping[str, np.ndarray], split: int, k_index: int) -> np.ndarray:

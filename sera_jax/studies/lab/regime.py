@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 
 from sera_jax.studies.lab import stats
-from sera_jax.studies.lab.cells import AA, NULL, _final, regime_setup, run_cell
+from sera_jax.studies.lab.cells import AA, ARMS, NULL, _final, regime_setup, run_cell
 
 
 def figure_regime(rows: list[dict[str, Any]], difficulties, shapes, k: int, path: str,
@@ -108,7 +108,8 @@ def run_regime(config: ml_collections.ConfigDict, runners: dict, workdir: str
     laws = {d: d for d in rg.difficulties}
     for shape in shapes:
         cell = run_cell(list(rg.methods), regime_setup(config, shape), config.seed + 1,
-                        [int(s) for s in rg.seeds], laws, runners, rg.controls, theta)
+                        [int(s) for s in rg.seeds], laws, runners, rg.controls, theta,
+                        cache_dir=os.path.join(workdir, ARMS))
         rows += regime_rows(cell, shape, ks, list(rg.ks),
                             [ref, rep.challenge_reference, NULL], ci)
     with open(os.path.join(workdir, "regime.csv"), "w", newline="") as f:

@@ -32,7 +32,10 @@ seeds, 'bootstrap': percentile bootstrap over seeds; `sera_jax.studies.lab.stats
 
 Writes to `workdir`: `summary.md` (also returned), `final.csv` (per method, seed, split, k:
 final pass@k), `regime.csv`, `results.npz` (every array), `pass_at_k_training.png`,
-`pass_at_k_delta.png`, `regime_map_pass{k}.png`.
+`pass_at_k_delta.png`, `regime_map_pass{k}.png`, and `arms/`: every finished arm under the
+fingerprint of what it depends on (`cells.arm_fingerprint`). A re-run loads the stored arms
+instead of training them again (a killed run resumes at its first unfinished arm; a changed
+config trains only the arms it changes).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from sera_jax.studies import common
 from sera_jax.studies.lab import stats, train
 from sera_jax.studies.lab.cells import (
     AA,
+    ARMS,
     NULL,
     _final,
     gate,
@@ -266,8 +270,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     runners: dict = {}
     controls, theta = bool(config.compare.controls), config.rl.allocation.threshold
     checked = tuple(config.compare.checked_methods)  # checked mode on their first step
+    arms = os.path.join(workdir, ARMS)  # finished arms: a re-run loads them (resume)
     main = run_cell(names, setup, config.seed, seeds, {law: law}, runners, controls,
-                    theta, checked)[law]
+                    theta, checked, cache_dir=arms)[law]
     t_main = time.time() - t_start
 
     p0_test = np.asarray(train.make_tasks(setup, config.seed, seeds, law)[1].p0)
@@ -312,7 +317,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         mf = config.maze_family
         fs = maze_family_setup(config)
         maze_family = run_cell(list(mf.methods), fs, config.seed, seeds, {"maze": "maze"},
-                               runners, controls, theta)["maze"]
+                               runners, controls, theta, cache_dir=arms)["maze"]
         _, test0, params0 = jax.tree.map(lambda x: x[0],
                                          train.make_tasks(fs, config.seed, seeds[:1]))
         p0 = np.asarray(train.FAMILIES["maze"].success_probs(params0, test0))
@@ -338,7 +343,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
     sweep_rows: list[dict[str, Any]] = []
     if config.sweep.enabled:
-        sweep_lines, sweep_rows = run_sweep(config, runners)
+        sweep_lines, sweep_rows = run_sweep(config, runners, arms)
         lines += sweep_lines
 
     maze_cell = None
@@ -346,7 +351,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         mc = config.maze_cell
         ms = maze_cell_setup(config)
         maze_cell = run_cell(list(mc.methods), ms, config.seed, seeds,
-                             {mc.difficulty: mc.difficulty}, runners, controls, theta)
+                             {mc.difficulty: mc.difficulty}, runners, controls, theta,
+                             cache_dir=arms)
         maze_cell = maze_cell[mc.difficulty]
         lines += [f"## Maze default cell (P = {ms.prompts_per_step}, N0 = {ms.n0}, n_max = "
                   f"{ms.n_max}, {ms.num_steps} steps, `{mc.difficulty}`)", ""]

@@ -19,7 +19,7 @@ def _mean_ci(x: np.ndarray, ci: str) -> stats.Paired:
     return stats.paired(x, np.zeros_like(x), ci)
 
 
-def run_sweep(config: ml_collections.ConfigDict, runners: dict
+def run_sweep(config: ml_collections.ConfigDict, runners: dict, cache_dir: str | None = None
               ) -> tuple[list[str], list[dict[str, Any]]]:
     """lr selection and the θ table (`config.sweep`), on the main cell's answer task
     (`sweep.family` 'answers') or the maze family's cell ('maze'), with the main seeds.
@@ -32,6 +32,7 @@ def run_sweep(config: ml_collections.ConfigDict, runners: dict
     above uniform's frontier when its pass@K exceeds uniform's frontier (linear between
     uniform's points sorted by pass@1, flat beyond them) at its pass@1. Then, at the
     selected lr, SERA − uniform for every θ of `sweep.thetas` (the active fraction too).
+    `cache_dir`: `cells.run_cell`'s store of finished arms.
     """
     sw, ci = config.sweep, config.report.ci
     ks = [int(k) for k in config.eval.ks]
@@ -52,7 +53,7 @@ def run_sweep(config: ml_collections.ConfigDict, runners: dict
     for lr in sw.learning_rates:
         setup = base.with_(optimizer=tuple(sorted({**opt, "learning_rate": float(lr)}.items())))
         res = run_cell(names, setup, config.seed, seeds, {law: law}, runners, True,
-                       config.rl.allocation.threshold)[law]
+                       config.rl.allocation.threshold, cache_dir=cache_dir)[law]
         g, by_lr[float(lr)] = gate(res, ks, ci), res
         row = {"lr": float(lr), "admissible": g["admissible"], "gate": g["delta"]}
         cells = []
@@ -83,10 +84,11 @@ def run_sweep(config: ml_collections.ConfigDict, runners: dict
                   f"Δ pass@{k}" for k in config.report.table_ks) + " |",
               "|---|---|" + "---|" * len(config.report.table_ks)]
     setup = base.with_(optimizer=tuple(sorted({**opt, "learning_rate": best["lr"]}.items())))
-    uni = run_cell(["uniform"], setup, config.seed, seeds, {law: law}, runners)[law]
+    uni = run_cell(["uniform"], setup, config.seed, seeds, {law: law}, runners,
+                   cache_dir=cache_dir)[law]
     for th in sw.thetas:
         res = run_cell(["sera"], setup, config.seed, seeds, {law: law}, runners,
-                       threshold=float(th))[law]
+                       threshold=float(th), cache_dir=cache_dir)[law]
         act = res["sera"]["steps"][..., train.STEP_METRICS.index("active_frac")].mean()
         cells = [stats.paired(_final(res["sera"], 1, ks.index(k)),
                               _final(uni["uniform"], 1, ks.index(k)), ci).fmt()

@@ -58,7 +58,8 @@ def test_digits_measure_binary_writes_outputs(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "SERA (dynamic) vs uniform" in out.stdout
     assert out.stdout.splitlines()[-1] == (
-        f"outputs in {tmp_path}: alignment.csv, alignment.png, summary.md, tensorboard/")
+        f"outputs in {tmp_path}: alignment.csv, alignment.png, summary.md, tensorboard/, "
+        "units/")
     with open(tmp_path / "alignment.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 * 2 * 2 * 2  # stages x budgets x allocators x draws
@@ -73,6 +74,54 @@ def test_digits_measure_binary_writes_outputs(tmp_path):
     assert (tmp_path / "alignment.png").stat().st_size > 10_000
     assert any(n.startswith("events") for n in os.listdir(tmp_path / "tensorboard"))
     assert "[4/4] stage 'two' N0=4" in out.stderr  # the periodic progress line
+
+
+def _tiny_measure():
+    c = _config("digits")
+    c.sft.batch_size = c.measure.prompts_per_step = 16
+    c.model.width, c.model.stage_sizes = 4, (1,)
+    c.measure.stage_steps, c.measure.stage_names = (0, 2), ("init", "two")
+    c.measure.budgets, c.compare.methods = (2, 4), ("uniform", "sera")
+    c.measure.num_draws, c.measure.unroll, c.measure.cot_chunk = 2, 2, 4
+    return c
+
+
+def test_measure_resumes_unit_by_unit_and_refuses_another_measurement(tmp_path, monkeypatch):
+    """A re-run reuses every stored (stage, budget) unit -- with all stored it trains and
+    measures nothing -- a lost unit is recomputed bit for bit, a new budget is measured
+    alone, and a changed measurement in the same workdir is refused."""
+    from sera_jax.checkpoint import CheckpointError
+
+    c, work = _tiny_measure(), str(tmp_path / "m")
+    first = study.run(c, work)
+    assert first["reused"] == 0
+    units = sorted(os.listdir(os.path.join(work, "units")))
+    assert units == ["fingerprint.json", "stage0.json", "stage0_n2.json", "stage0_n4.json",
+                     "stage1.json", "stage1_n2.json", "stage1_n4.json"]
+
+    def no_training(*a, **k):
+        raise AssertionError("a finished measurement trained again")
+
+    with monkeypatch.context() as m:
+        m.setattr(study, "ce_snapshots", no_training)
+        again = study.run(c, work)
+    assert again["reused"] == 4 and again["rows"] == first["rows"]
+    assert "4 of 4 (stage, budget) units reused" in again["summary"]
+    strip = lambda text: text.split("\n", 3)[3]  # noqa: E731 -- all but the wall-time line
+    assert strip(again["summary"]) == strip(first["summary"])
+
+    os.remove(os.path.join(work, "units", "stage1_n4.json"))  # "killed" before the last unit
+    resumed = study.run(c, work)
+    assert resumed["reused"] == 3 and resumed["rows"] == first["rows"]
+
+    c.measure.budgets = (2, 4, 8)  # budgets may change: only the new one is measured
+    more = study.run(c, work)
+    assert more["reused"] == 4 and len(more["rows"]) == 3 * len(first["rows"]) // 2
+    assert [r for r in more["rows"] if r["budget"] != 8] == first["rows"]
+
+    c.measure.num_draws = 3
+    with pytest.raises(CheckpointError, match=r"measure\.num_draws: 2 -> 3"):
+        study.run(c, work)
 
 
 def test_validation_before_any_work(tmp_path):

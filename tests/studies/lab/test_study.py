@@ -71,6 +71,35 @@ def test_study_end_to_end(tmp_path):
     assert "## Maze family: Window: held-out pass@k averaged over steps 4 (the last 1" in s
     assert set(out["window"]) == {"maze_family"} and out["window"]["maze_family"]["gate"]
 
+    # A re-run resumes: every finished arm (every cell: main, maze family and cell, regime)
+    # is loaded from arms/, nothing is compiled or trained, and the report is the same.
+    def no_runs(*args, **kwargs):
+        raise AssertionError("a finished arm was trained again")
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(train, "Runner", no_runs)
+        m.setattr(train, "check_first_step", no_runs)
+        again = study.run(c, str(tmp_path))
+    for cell in ("main", "maze_family"):
+        for arm, res in out[cell].items():
+            for key, value in res.items():
+                np.testing.assert_array_equal(again[cell][arm][key], value)
+    assert again["summary"].split("Wall time")[0] == s.split("Wall time")[0]
+    # A changed config trains only the arms it changes (here one method of the main cell).
+    built, real = [], train.Runner
+
+    def recording(method, *args, **kwargs):
+        built.append(method.name)
+        return real(method, *args, **kwargs)
+
+    c.compare.methods = ("uniform", "sera")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(train, "Runner", recording)
+        changed = study.run(c, str(tmp_path))
+    assert built == ["sera"] and set(changed["main"]) == {"uniform", "sera", study.NULL, study.AA}
+    np.testing.assert_array_equal(changed["main"]["uniform"]["pass_at_k"],
+                                  out["main"]["uniform"]["pass_at_k"])
+
 
 def test_cpu_default_is_valid():
     c = get_config(CPU)
