@@ -15,7 +15,10 @@ What one call does, in order:
    It also refuses (`CheckpointError`, before restoring) when `train.jsonl` lacks a record
    of any step up to the checkpoint (deleted, truncated, edited): resuming would leave a
    file that silently starts after the checkpoint. The records are not in the checkpoint,
-   so they cannot be restored: put the file back or start over (the message says how);
+   so they cannot be restored: put the file back or start over (the message says how).
+   A checkpoint beyond the records (a stray `checkpoints/9` in a run recorded to step 4) or
+   one whose directory names another step than it stores (renamed) is refused the same way,
+   naming it and the fix (move it away);
 2. writes `<run_dir>/config.json` (only now: a refused run never overwrites it);
 3. drops records after the restored step from `train.jsonl` / `eval.jsonl` (that work is
    redone exactly) and calls `hooks.on_start`;
@@ -301,21 +304,31 @@ quiet_library_logs()  # at import too: JAX probes its backends before the first 
 # ----------------------------------------------------------------------------- records
 
 
-def check_records_complete(run_dir: str, step: int) -> None:
+def check_records_complete(run_dir: str, step: int, checkpoint: str | None = None) -> None:
     """Raise CheckpointError unless `<run_dir>/train.jsonl` holds a record of every step
-    1..`step` (a resume from `step` must not silently lose or re-number them). Process 0
-    reads the file (only it writes records); every process gets its verdict."""
+    1..`step` (a resume from `step` must not silently lose or re-number them). When the
+    records are whole but end before `step`, the checkpoint (`checkpoint`, its directory) is
+    named as beyond them: a stray copy or a renamed directory, to move away. Process 0 reads
+    the file (only it writes records); every process gets its verdict."""
     from jax.experimental import multihost_utils
 
     path = os.path.join(run_dir, TRAIN_RECORDS)
-    missing = []
+    missing, whole = [], 0  # whole: records 1..whole are all there
     if jax.process_index() == 0:
         have = {r.get("step") for r in read_jsonl(path)}
         missing = [s for s in range(1, step + 1) if s not in have]
+        whole = missing[0] - 1 if missing else step
     verdict = multihost_utils.broadcast_one_to_all(
-        jnp.asarray([len(missing), missing[0] if missing else 0, os.path.exists(path)],
+        jnp.asarray([len(missing), missing[0] if missing else 0, os.path.exists(path), whole],
                     jnp.int32))
-    count, first, exists = (int(v) for v in verdict)
+    count, first, exists, whole = (int(v) for v in verdict)
+    if count and whole >= 1 and count == step - whole and checkpoint is not None:
+        raise ckpt_lib.CheckpointError(
+            f"refusing to resume {run_dir} from checkpoint {checkpoint}: its step {step} is "
+            f"beyond the run's records ({path} ends at step {whole}), so it is not from this "
+            f"run's history (a copied or renamed checkpoint). Move {checkpoint} away and run "
+            "again (the run resumes from its previous checkpoint), or put the missing records "
+            "back.")
     if count:
         what = (f"{path} does not exist" if not exists else
                 f"{path} lacks the records of {count} of steps 1..{step} (first: step {first})")
@@ -325,6 +338,18 @@ def check_records_complete(run_dir: str, step: int) -> None:
             "in checkpoints and cannot be rebuilt). Put the file back (e.g. from a backup), or "
             f"start over: move {os.path.join(run_dir, 'checkpoints')} away, or use a new "
             "workdir.")
+
+
+def check_checkpoint_step(run_dir: str, checkpoint: str, step: int, stored_step: int) -> None:
+    """Raise CheckpointError when the checkpoint directory `checkpoint` (step `step`) stores
+    another step (`stored_step`, from its meta): it was renamed or copied, and resuming from
+    it would save later steps over the run's own checkpoints."""
+    if stored_step != step:
+        raise ckpt_lib.CheckpointError(
+            f"refusing to resume {run_dir} from checkpoint {checkpoint}: it holds step "
+            f"{stored_step}, not {step} (the directory was renamed or copied). Move it away "
+            "and run again (the run resumes from its previous checkpoint), or rename it back "
+            f"to {stored_step}.")
 
 
 def truncate_records(path: str, max_step: int) -> list[dict]:
@@ -413,7 +438,11 @@ def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
         if resumed_from is not None:
             meta = ckpt.restore_meta(resumed_from)
             check_fingerprint(meta.get("fingerprint"), fingerprint, resumable, ckpt.directory)
-            check_records_complete(run_dir, int(meta.get("step", resumed_from)))
+            # The directory's step, not the meta's: a stray `checkpoints/9` is the latest.
+            where = os.path.join(ckpt.directory, str(resumed_from))
+            check_records_complete(run_dir, resumed_from, where)
+            check_checkpoint_step(run_dir, where, resumed_from,
+                                  int(meta.get("step", resumed_from)))
             state, meta = ckpt.restore(program.abstract_state(state), resumed_from)
             step = int(meta["step"])
             logging.info("%s: resumed at step %d", run_dir, step)
@@ -489,6 +518,6 @@ def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
 
 __all__ = ["EVAL_RECORDS", "TRAIN_RECORDS", "Hooks", "MetricWriter", "NonFiniteError",
            "RecordWriteError",
-           "Program", "Result", "Schedule", "canonical", "changed_fields", "check_fingerprint",
-           "check_records_complete", "defined", "guarded_update", "quiet_library_logs", "run",
-           "truncate_records"]
+           "Program", "Result", "Schedule", "canonical", "changed_fields",
+           "check_checkpoint_step", "check_fingerprint", "check_records_complete", "defined",
+           "guarded_update", "quiet_library_logs", "run", "truncate_records"]
