@@ -43,6 +43,10 @@ A step's record that cannot be written (a full disk) stops the run with one
 `RecordWriteError` (a `CheckpointError`). When the run fails (a full disk, a non-finite
 step, a refused resume), that error is the one raised: closing the checkpointer or the
 TensorBoard writer afterwards (both may fail too on a full disk) only logs its own error.
+The TensorBoard event file's own failures (its writer thread, its close, tensorboardX's
+exit-time cleanup) are one logged line per run, never a traceback (`open_tensorboard`);
+scalar names are made legal for TensorBoard first (`tensorboard_tag`: `pass@k` ->
+`pass_at_k`).
 
 Logs: the loop's progress lines and the studies' results are absl INFO; the libraries'
 INFO chatter (Orbax's ~60 lines per checkpoint, JAX's backend probing) is dropped unless
@@ -61,6 +65,7 @@ import json
 import logging as std_logging
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -366,22 +371,88 @@ def defined(metrics: Mapping[str, Any]) -> dict[str, float]:
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
 
 
+_BAD_TAG_CHARS = re.compile(r"[^-/\w.]")
+
+
+def tensorboard_tag(name: str) -> str:
+    """A summary name TensorBoard accepts: `@` -> `_at_` (`eval/pass@k` -> `eval/pass_at_k`),
+    any other character outside `[-/\\w.]` -> `_`, no leading `/`. tensorboardX renames
+    such names itself, with one INFO line each (16 of a tiny RL run's 28 console lines)."""
+    return _BAD_TAG_CHARS.sub("_", name.replace("@", "_at_")).lstrip("/")
+
+
+class _GuardedEvents:
+    """tensorboardX's event-file writer whose `write_event` / `flush` / `close` failures (a
+    full disk: OSError ENOSPC) are logged once, in one line, and later calls do nothing.
+
+    Why: tensorboardX calls these from its writer thread and from an `atexit` cleanup, where
+    an exception prints a raw traceback (two after a full disk, after the run's own one-line
+    error); the run's records are in train.jsonl, TensorBoard only shows them.
+    """
+
+    def __init__(self, events: Any, logdir: str):
+        self._events, self._logdir, self.failed = events, logdir, False
+
+    def _call(self, method: str, *args: Any) -> Any:
+        if self.failed and method != "close":
+            return None
+        try:
+            return getattr(self._events, method)(*args)
+        except Exception as e:  # noqa: BLE001 -- a view of the records must not stop a run
+            if not self.failed:
+                self.failed = True
+                logging.error("%s: the TensorBoard writer failed (%s); no more scalars are "
+                              "written there (train.jsonl keeps every record)", self._logdir,
+                              e.strerror if isinstance(e, OSError) and e.strerror else e)
+            return None
+
+    def write_event(self, event: Any) -> None:
+        self._call("write_event", event)
+
+    def flush(self) -> bool:
+        self._call("flush")
+        return True
+
+    def close(self) -> bool:
+        self._call("close")  # after a failure too: it releases the file
+        return True
+
+
+def open_tensorboard(logdir: str) -> Any:
+    """A tensorboardX `SummaryWriter` on `logdir` whose event-file failures (a full disk)
+    are one logged line, never an exception or a traceback at exit (`_GuardedEvents`)."""
+    from tensorboardX import SummaryWriter
+
+    writer = SummaryWriter(logdir)
+    # tensorboardX 2.6: SummaryWriter -> FileWriter -> EventFileWriter, whose writer thread
+    # and atexit cleanup both reach the events writer: wrap it for both.
+    events = writer._get_file_writer().event_writer
+    guarded = _GuardedEvents(events._ev_writer, logdir)
+    events._ev_writer = guarded
+    events._worker._record_writer = guarded
+    return writer
+
+
 class MetricWriter:
-    """TensorBoard scalars (tensorboardX, process 0 only) plus a periodic log line."""
+    """TensorBoard scalars (tensorboardX, process 0 only) plus a periodic log line.
+
+    Scalar names go through `tensorboard_tag`; a failing event file (a full disk) is one
+    logged line, never an exception or a traceback at exit (`_GuardedEvents`).
+    """
 
     def __init__(self, logdir: str | None, log_every: int, log_keys: Sequence[str] = ()):
         self.log_every, self.log_keys = max(int(log_every), 1), tuple(log_keys)
         self._writer = None
+        self._tags: dict[str, str] = {}
         if logdir and jax.process_index() == 0:
-            from tensorboardX import SummaryWriter
-
-            self._writer = SummaryWriter(logdir)
+            self._writer = open_tensorboard(logdir)
 
     def write(self, step: int, metrics: Mapping[str, Any], log: bool = True) -> None:
         scalars = defined(metrics)
         if self._writer is not None:
             for name, value in scalars.items():
-                self._writer.add_scalar(name, value, step)
+                tag = self._tags.get(name) or self._tags.setdefault(name, tensorboard_tag(name))
+                self._writer.add_scalar(tag, value, step)
         if log and (step % self.log_every == 0 or step == 1):
             logging.info("step %d | %s", step, " ".join(
                 f"{k}={scalars[k]:.4g}" for k in self.log_keys if k in scalars))
@@ -520,4 +591,5 @@ __all__ = ["EVAL_RECORDS", "TRAIN_RECORDS", "Hooks", "MetricWriter", "NonFiniteE
            "RecordWriteError",
            "Program", "Result", "Schedule", "canonical", "changed_fields",
            "check_checkpoint_step", "check_fingerprint", "check_records_complete", "defined",
-           "guarded_update", "quiet_library_logs", "run", "truncate_records"]
+           "guarded_update", "open_tensorboard", "quiet_library_logs", "run", "tensorboard_tag",
+           "truncate_records"]

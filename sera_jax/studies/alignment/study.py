@@ -171,9 +171,9 @@ def _ce_steps(config: ml_collections.ConfigDict) -> int:
 
 
 def _writer(workdir: str):
-    from tensorboardX import SummaryWriter
+    from sera_jax.loop import open_tensorboard  # a full disk is one logged line, not a traceback
 
-    return SummaryWriter(os.path.join(workdir, "tensorboard"))
+    return open_tensorboard(os.path.join(workdir, "tensorboard"))
 
 
 def _train_ce(steps: Steps, state: TrainState, batches: Iterator, mesh, num_steps: int,
