@@ -419,11 +419,16 @@ class _GuardedEvents:
 
 
 def open_tensorboard(logdir: str) -> Any:
-    """A tensorboardX `SummaryWriter` on `logdir` whose event-file failures (a full disk)
-    are one logged line, never an exception or a traceback at exit (`_GuardedEvents`)."""
+    """A tensorboardX `SummaryWriter` on `logdir` whose `add_scalar` names go through
+    `tensorboard_tag`, and whose event-file failures (a full disk) are one logged line, never
+    an exception or a traceback at exit (`_GuardedEvents`)."""
     from tensorboardX import SummaryWriter
 
-    writer = SummaryWriter(logdir)
+    class Writer(SummaryWriter):
+        def add_scalar(self, tag: str, *args: Any, **kwargs: Any) -> None:
+            super().add_scalar(tensorboard_tag(tag), *args, **kwargs)
+
+    writer = Writer(logdir)
     # tensorboardX 2.6: SummaryWriter -> FileWriter -> EventFileWriter, whose writer thread
     # and atexit cleanup both reach the events writer: wrap it for both.
     events = writer._get_file_writer().event_writer
@@ -436,14 +441,13 @@ def open_tensorboard(logdir: str) -> Any:
 class MetricWriter:
     """TensorBoard scalars (tensorboardX, process 0 only) plus a periodic log line.
 
-    Scalar names go through `tensorboard_tag`; a failing event file (a full disk) is one
-    logged line, never an exception or a traceback at exit (`_GuardedEvents`).
+    The writer is `open_tensorboard`'s: legal scalar names, and a failing event file (a
+    full disk) is one logged line, never an exception or a traceback at exit.
     """
 
     def __init__(self, logdir: str | None, log_every: int, log_keys: Sequence[str] = ()):
         self.log_every, self.log_keys = max(int(log_every), 1), tuple(log_keys)
         self._writer = None
-        self._tags: dict[str, str] = {}
         if logdir and jax.process_index() == 0:
             self._writer = open_tensorboard(logdir)
 
@@ -451,8 +455,7 @@ class MetricWriter:
         scalars = defined(metrics)
         if self._writer is not None:
             for name, value in scalars.items():
-                tag = self._tags.get(name) or self._tags.setdefault(name, tensorboard_tag(name))
-                self._writer.add_scalar(tag, value, step)
+                self._writer.add_scalar(name, value, step)
         if log and (step % self.log_every == 0 or step == 1):
             logging.info("step %d | %s", step, " ".join(
                 f"{k}={scalars[k]:.4g}" for k in self.log_keys if k in scalars))

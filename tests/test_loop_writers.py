@@ -49,6 +49,11 @@ def test_metric_writer_writes_sanitised_names_without_warnings(tmp_path, caplog)
     writer.close()
     assert not [r for r in caplog.records if "is illegal" in r.getMessage()]
     assert _tags(str(tmp_path)) == {"eval/pass_at_k", "eval/maj_at_16", "loss"}
+    other = loop.open_tensorboard(str(tmp_path / "study"))  # a study's own writer
+    other.add_scalar("train/val_pass@1", 0.5, 1)
+    other.close()
+    assert not [r for r in caplog.records if "is illegal" in r.getMessage()]
+    assert _tags(str(tmp_path / "study")) == {"train/val_pass_at_1"}
 
 
 # The child runs the loop twice with an event file whose writes fail with ENOSPC once its

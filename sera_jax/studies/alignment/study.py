@@ -171,7 +171,8 @@ def _ce_steps(config: ml_collections.ConfigDict) -> int:
 
 
 def _writer(workdir: str):
-    from sera_jax.loop import open_tensorboard  # a full disk is one logged line, not a traceback
+    # Legal tag names (`val_pass@1`), and a full disk is one logged line, not a traceback.
+    from sera_jax.loop import open_tensorboard
 
     return open_tensorboard(os.path.join(workdir, "tensorboard"))
 

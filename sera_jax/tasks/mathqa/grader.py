@@ -513,9 +513,10 @@ def _gold(gold: str, timeout_s: int) -> tuple[str, str | None, tuple]:
     parsed, refused = _parse_bounded(normal, timeout_s)
     if refused:
         raise ValueError(
-            f"gold answer {shown} is beyond the grader's size bounds (a number of more than "
-            f"{bounds.MAX_VALUE_DIGITS} digits, a power of a symbol beyond "
-            f"{bounds.MAX_SYMBOLIC_EXPONENT}, or an exponent beyond {MAX_EXPONENT}): no "
+            f"gold answer {shown} is beyond the grader's size bounds (numbers of at most "
+            f"{bounds.MAX_VALUE_DIGITS} digits, powers of a symbol up to "
+            f"{bounds.MAX_SYMBOLIC_EXPONENT}, brackets nested up to {bounds.MAX_NESTING} deep, "
+            "no large binomial / Gamma / matrix operator: sera_jax.tasks.mathqa.bounds): no "
             "response can match it; write it in a bounded form")
     if not parsed:
         _log.warning("gold answer %s cannot be parsed (or timed out): every response to it "
