@@ -15,7 +15,10 @@ What one call does, in order:
    It also refuses (`CheckpointError`, before restoring) when `train.jsonl` lacks a record
    of any step up to the checkpoint (deleted, truncated, edited): resuming would leave a
    file that silently starts after the checkpoint. The records are not in the checkpoint,
-   so they cannot be restored: put the file back or start over (the message says how);
+   so they cannot be restored: put the file back or start over (the message says how).
+   A checkpoint beyond the records (a stray `checkpoints/9` in a run recorded to step 4) or
+   one whose directory names another step than it stores (renamed) is refused the same way,
+   naming it and the fix (move it away);
 2. writes `<run_dir>/config.json` (only now: a refused run never overwrites it);
 3. drops records after the restored step from `train.jsonl` / `eval.jsonl` (that work is
    redone exactly) and calls `hooks.on_start`;
@@ -40,6 +43,10 @@ A step's record that cannot be written (a full disk) stops the run with one
 `RecordWriteError` (a `CheckpointError`). When the run fails (a full disk, a non-finite
 step, a refused resume), that error is the one raised: closing the checkpointer or the
 TensorBoard writer afterwards (both may fail too on a full disk) only logs its own error.
+The TensorBoard event file's own failures (its writer thread, its close, tensorboardX's
+exit-time cleanup) are one logged line per run, never a traceback (`open_tensorboard`);
+scalar names are made legal for TensorBoard first (`tensorboard_tag`: `pass@k` ->
+`pass_at_k`).
 
 Logs: the loop's progress lines and the studies' results are absl INFO; the libraries'
 INFO chatter (Orbax's ~60 lines per checkpoint, JAX's backend probing) is dropped unless
@@ -58,6 +65,7 @@ import json
 import logging as std_logging
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -301,21 +309,31 @@ quiet_library_logs()  # at import too: JAX probes its backends before the first 
 # ----------------------------------------------------------------------------- records
 
 
-def check_records_complete(run_dir: str, step: int) -> None:
+def check_records_complete(run_dir: str, step: int, checkpoint: str | None = None) -> None:
     """Raise CheckpointError unless `<run_dir>/train.jsonl` holds a record of every step
-    1..`step` (a resume from `step` must not silently lose or re-number them). Process 0
-    reads the file (only it writes records); every process gets its verdict."""
+    1..`step` (a resume from `step` must not silently lose or re-number them). When the
+    records are whole but end before `step`, the checkpoint (`checkpoint`, its directory) is
+    named as beyond them: a stray copy or a renamed directory, to move away. Process 0 reads
+    the file (only it writes records); every process gets its verdict."""
     from jax.experimental import multihost_utils
 
     path = os.path.join(run_dir, TRAIN_RECORDS)
-    missing = []
+    missing, whole = [], 0  # whole: records 1..whole are all there
     if jax.process_index() == 0:
         have = {r.get("step") for r in read_jsonl(path)}
         missing = [s for s in range(1, step + 1) if s not in have]
+        whole = missing[0] - 1 if missing else step
     verdict = multihost_utils.broadcast_one_to_all(
-        jnp.asarray([len(missing), missing[0] if missing else 0, os.path.exists(path)],
+        jnp.asarray([len(missing), missing[0] if missing else 0, os.path.exists(path), whole],
                     jnp.int32))
-    count, first, exists = (int(v) for v in verdict)
+    count, first, exists, whole = (int(v) for v in verdict)
+    if count and whole >= 1 and count == step - whole and checkpoint is not None:
+        raise ckpt_lib.CheckpointError(
+            f"refusing to resume {run_dir} from checkpoint {checkpoint}: its step {step} is "
+            f"beyond the run's records ({path} ends at step {whole}), so it is not from this "
+            f"run's history (a copied or renamed checkpoint). Move {checkpoint} away and run "
+            "again (the run resumes from its previous checkpoint), or put the missing records "
+            "back.")
     if count:
         what = (f"{path} does not exist" if not exists else
                 f"{path} lacks the records of {count} of steps 1..{step} (first: step {first})")
@@ -325,6 +343,18 @@ def check_records_complete(run_dir: str, step: int) -> None:
             "in checkpoints and cannot be rebuilt). Put the file back (e.g. from a backup), or "
             f"start over: move {os.path.join(run_dir, 'checkpoints')} away, or use a new "
             "workdir.")
+
+
+def check_checkpoint_step(run_dir: str, checkpoint: str, step: int, stored_step: int) -> None:
+    """Raise CheckpointError when the checkpoint directory `checkpoint` (step `step`) stores
+    another step (`stored_step`, from its meta): it was renamed or copied, and resuming from
+    it would save later steps over the run's own checkpoints."""
+    if stored_step != step:
+        raise ckpt_lib.CheckpointError(
+            f"refusing to resume {run_dir} from checkpoint {checkpoint}: it holds step "
+            f"{stored_step}, not {step} (the directory was renamed or copied). Move it away "
+            "and run again (the run resumes from its previous checkpoint), or rename it back "
+            f"to {stored_step}.")
 
 
 def truncate_records(path: str, max_step: int) -> list[dict]:
@@ -341,16 +371,85 @@ def defined(metrics: Mapping[str, Any]) -> dict[str, float]:
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
 
 
+_BAD_TAG_CHARS = re.compile(r"[^-/\w.]")
+
+
+def tensorboard_tag(name: str) -> str:
+    """A summary name TensorBoard accepts: `@` -> `_at_` (`eval/pass@k` -> `eval/pass_at_k`),
+    any other character outside `[-/\\w.]` -> `_`, no leading `/`. tensorboardX renames
+    such names itself, with one INFO line each (16 of a tiny RL run's 28 console lines)."""
+    return _BAD_TAG_CHARS.sub("_", name.replace("@", "_at_")).lstrip("/")
+
+
+class _GuardedEvents:
+    """tensorboardX's event-file writer whose `write_event` / `flush` / `close` failures (a
+    full disk: OSError ENOSPC) are logged once, in one line, and later calls do nothing.
+
+    Why: tensorboardX calls these from its writer thread and from an `atexit` cleanup, where
+    an exception prints a raw traceback (two after a full disk, after the run's own one-line
+    error); the run's records are in train.jsonl, TensorBoard only shows them.
+    """
+
+    def __init__(self, events: Any, logdir: str):
+        self._events, self._logdir, self.failed = events, logdir, False
+
+    def _call(self, method: str, *args: Any) -> Any:
+        if self.failed and method != "close":
+            return None
+        try:
+            return getattr(self._events, method)(*args)
+        except Exception as e:  # noqa: BLE001 -- a view of the records must not stop a run
+            if not self.failed:
+                self.failed = True
+                logging.error("%s: the TensorBoard writer failed (%s); no more scalars are "
+                              "written there (train.jsonl keeps every record)", self._logdir,
+                              e.strerror if isinstance(e, OSError) and e.strerror else e)
+            return None
+
+    def write_event(self, event: Any) -> None:
+        self._call("write_event", event)
+
+    def flush(self) -> bool:
+        self._call("flush")
+        return True
+
+    def close(self) -> bool:
+        self._call("close")  # after a failure too: it releases the file
+        return True
+
+
+def open_tensorboard(logdir: str) -> Any:
+    """A tensorboardX `SummaryWriter` on `logdir` whose `add_scalar` names go through
+    `tensorboard_tag`, and whose event-file failures (a full disk) are one logged line, never
+    an exception or a traceback at exit (`_GuardedEvents`)."""
+    from tensorboardX import SummaryWriter
+
+    class Writer(SummaryWriter):
+        def add_scalar(self, tag: str, *args: Any, **kwargs: Any) -> None:
+            super().add_scalar(tensorboard_tag(tag), *args, **kwargs)
+
+    writer = Writer(logdir)
+    # tensorboardX 2.6: SummaryWriter -> FileWriter -> EventFileWriter, whose writer thread
+    # and atexit cleanup both reach the events writer: wrap it for both.
+    events = writer._get_file_writer().event_writer
+    guarded = _GuardedEvents(events._ev_writer, logdir)
+    events._ev_writer = guarded
+    events._worker._record_writer = guarded
+    return writer
+
+
 class MetricWriter:
-    """TensorBoard scalars (tensorboardX, process 0 only) plus a periodic log line."""
+    """TensorBoard scalars (tensorboardX, process 0 only) plus a periodic log line.
+
+    The writer is `open_tensorboard`'s: legal scalar names, and a failing event file (a
+    full disk) is one logged line, never an exception or a traceback at exit.
+    """
 
     def __init__(self, logdir: str | None, log_every: int, log_keys: Sequence[str] = ()):
         self.log_every, self.log_keys = max(int(log_every), 1), tuple(log_keys)
         self._writer = None
         if logdir and jax.process_index() == 0:
-            from tensorboardX import SummaryWriter
-
-            self._writer = SummaryWriter(logdir)
+            self._writer = open_tensorboard(logdir)
 
     def write(self, step: int, metrics: Mapping[str, Any], log: bool = True) -> None:
         scalars = defined(metrics)
@@ -413,7 +512,11 @@ def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
         if resumed_from is not None:
             meta = ckpt.restore_meta(resumed_from)
             check_fingerprint(meta.get("fingerprint"), fingerprint, resumable, ckpt.directory)
-            check_records_complete(run_dir, int(meta.get("step", resumed_from)))
+            # The directory's step, not the meta's: a stray `checkpoints/9` is the latest.
+            where = os.path.join(ckpt.directory, str(resumed_from))
+            check_records_complete(run_dir, resumed_from, where)
+            check_checkpoint_step(run_dir, where, resumed_from,
+                                  int(meta.get("step", resumed_from)))
             state, meta = ckpt.restore(program.abstract_state(state), resumed_from)
             step = int(meta["step"])
             logging.info("%s: resumed at step %d", run_dir, step)
@@ -489,6 +592,7 @@ def run(program: Program, run_dir: str, *, fingerprint: Mapping[str, Any],
 
 __all__ = ["EVAL_RECORDS", "TRAIN_RECORDS", "Hooks", "MetricWriter", "NonFiniteError",
            "RecordWriteError",
-           "Program", "Result", "Schedule", "canonical", "changed_fields", "check_fingerprint",
-           "check_records_complete", "defined", "guarded_update", "quiet_library_logs", "run",
+           "Program", "Result", "Schedule", "canonical", "changed_fields",
+           "check_checkpoint_step", "check_fingerprint", "check_records_complete", "defined",
+           "guarded_update", "open_tensorboard", "quiet_library_logs", "run", "tensorboard_tag",
            "truncate_records"]

@@ -383,6 +383,42 @@ def test_resume_with_records_beyond_the_checkpoint_is_still_accepted(tmp_path):
     assert [r["step"] for r in read_jsonl(str(tmp_path / loop.TRAIN_RECORDS))] == [1, 2, 3, 4]
 
 
+def test_a_stray_checkpoint_beyond_the_records_is_refused_before_any_work(tmp_path):
+    """Records for steps 1-4, `checkpoints/3` renamed `checkpoints/9`: the resume is refused
+    in one line naming checkpoints/9 and the fix (it used to resume at step 3 and leave 2, 4
+    and 9, or fail on Orbax's "Checkpoint for step 4 already exists"); nothing is changed,
+    and once it is moved away the run resumes from checkpoint 4."""
+    _count_run(tmp_path, 4)
+    ckpts = tmp_path / "checkpoints"
+    os.rename(ckpts / "3", ckpts / "9")
+    records, config = (tmp_path / loop.TRAIN_RECORDS).read_text(), (
+        tmp_path / "config.json").read_text()
+    with pytest.raises(CheckpointError, match=r"refusing to resume .* from checkpoint "
+                       r".*checkpoints/9: its step 9 is beyond the run's records "
+                       r"\(.*train\.jsonl ends at step 4\).*Move .*checkpoints/9 away") as err:
+        _count_run(tmp_path, 4)
+    assert "\n" not in str(err.value)
+    assert (tmp_path / loop.TRAIN_RECORDS).read_text() == records
+    assert (tmp_path / "config.json").read_text() == config
+    assert sorted(os.listdir(ckpts)) == ["2", "4", "9"]
+    os.rename(ckpts / "9", tmp_path / "stray")
+    assert _count_run(tmp_path, 4).resumed_from == 4
+
+
+def test_a_renamed_checkpoint_within_the_records_is_refused(tmp_path):
+    """`checkpoints/4` renamed `checkpoints/3` (records 1-4): the directory's step is not the
+    one it stores; refused naming it, before any work."""
+    _count_run(tmp_path, 4, checkpoint_every=2)  # checkpoints 2 and 4
+    ckpts = tmp_path / "checkpoints"
+    os.rename(ckpts / "4", ckpts / "3")
+    with pytest.raises(CheckpointError, match=r"checkpoint .*checkpoints/3: it holds step 4, "
+                       r"not 3 .*rename it back to 4"):
+        _count_run(tmp_path, 4, checkpoint_every=2)
+    assert [r["step"] for r in read_jsonl(str(tmp_path / loop.TRAIN_RECORDS))] == [1, 2, 3, 4]
+    os.rename(ckpts / "3", ckpts / "4")
+    assert _count_run(tmp_path, 4, checkpoint_every=2).resumed_from == 4
+
+
 def test_nonfinite_stop_without_a_checkpoint_does_not_promise_one(tmp_path):
     schedule = loop.Schedule(num_steps=3, checkpoint_every=0)  # no checkpoint before the end
     with pytest.raises(loop.NonFiniteError) as err:
@@ -425,10 +461,11 @@ def small_filesystem(tmp_path):
 
 
 def test_a_real_full_disk_during_an_rl_save_is_one_checkpoint_error(small_filesystem,
-                                                                   monkeypatch):
+                                                                   monkeypatch, caplog):
     """A real tmpfs fills up before step 2's save: Orbax's write fails with ENOSPC and so
-    does the TensorBoard writer's final flush; the error raised is the CheckpointError (the
-    writer's is only logged), step 1 survives and the run resumes once space is back."""
+    does the TensorBoard writer's event file; the error raised is the CheckpointError (the
+    writer's is one logged line, its close raises nothing), step 1 survives and the run
+    resumes once space is back."""
     run_dir = small_filesystem / "run"
     task = EmitTask({"train": 6, "eval": 2})
     config = small_config(num_steps=3, checkpoint_every=1)
@@ -445,7 +482,7 @@ def test_a_real_full_disk_during_an_rl_save_is_one_checkpoint_error(small_filesy
     def close(self):
         try:
             real_close(self)
-        except OSError as e:  # the writer fails for real (its buffered events)
+        except OSError as e:  # pragma: no cover -- the failure must be logged, not raised
             closes.append(e)
             raise
 
@@ -453,7 +490,9 @@ def test_a_real_full_disk_during_an_rl_save_is_one_checkpoint_error(small_filesy
     monkeypatch.setattr(loop.MetricWriter, "close", close)
     with pytest.raises(CheckpointError, match="disk is full"):
         rl_run(config, task, tiny_model(seed=3), run_dir)
-    assert closes and "No space left" in str(closes[0])  # it failed, and did not replace it
+    failed = [r.getMessage() for r in caplog.records
+              if "TensorBoard writer failed" in r.getMessage()]
+    assert not closes and len(failed) == 1 and "No space left" in failed[0], failed
     monkeypatch.undo()
     os.remove(small_filesystem / "filler")
     with Checkpointer(run_dir / "checkpoints") as ckpt:

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sera_jax.tasks.mathqa import data, grader
+from sera_jax.tasks.mathqa.bounds import canonical_numeral
 
 
 def _write_jsonl(path, rows):
@@ -21,7 +22,8 @@ def _write_jsonl(path, rows):
 
 _GOOD_GSM8K = {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3+4=7\n#### 7"}
 _GOOD_MATH = {"problem": "Compute 1/2 + 1/4.", "solution": "It is $\\boxed{\\frac{3}{4}}$."}
-_LONG = "1" * (grader.MAX_ANSWER_CHARS + 1)
+# Long and not a plain number (a long numeral is compared exactly, so it loads).
+_LONG = "1+" * (grader.MAX_ANSWER_CHARS // 2) + "1"
 
 
 @pytest.mark.parametrize(
@@ -196,7 +198,9 @@ def test_loader_fuzz_gradable_or_clear_error(tmp_path, rows, fmt):
     texts = [v for r in rows if isinstance(r, dict) for v in r.values() if isinstance(v, str)]
     for p in loaded:
         assert p.question.strip() and p.question in texts  # never str(None) or str(12)
-        assert 0 < len(p.answer) <= grader.MAX_ANSWER_CHARS and grader.normalize_gold(p.answer)
+        assert grader.normalize_gold(p.answer) and (
+            len(p.answer) <= grader.MAX_ANSWER_CHARS
+            or canonical_numeral(grader.normalize_gold(p.answer)) is not None)
         assert p.level is None or (isinstance(p.level, int) and not isinstance(p.level, bool))
 
 
@@ -211,3 +215,14 @@ def test_loaded_numeric_golds_grade_their_own_answer(tmp_path, value):
     (problem,) = data.load_problems(path)
     assert grader.grade(f"The answer is \\boxed{{{text}}}.", problem.answer) == 1.0
     assert grader.grade(f"so the total is {text}.", problem.answer) == 1.0
+
+
+def test_a_long_numeric_gold_loads_and_grades_its_own_answer(tmp_path):
+    """A 401-digit gold (more than MAX_ANSWER_CHARS) is a plain number: it loads, and the
+    grader compares it exactly (its own answer 1, one digit off 0)."""
+    digits = "9" + "3" * grader.MAX_ANSWER_CHARS
+    path = _write_jsonl(tmp_path / "long.jsonl", [{"problem": "p", "answer": digits}])
+    (problem,) = data.load_problems(path)
+    assert problem.answer == digits
+    assert grader.grade(f"\\boxed{{{digits}}}", problem.answer) == 1.0
+    assert grader.grade(f"\\boxed{{{digits[:-1]}4}}", problem.answer) == 0.0

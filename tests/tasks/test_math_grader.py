@@ -133,6 +133,14 @@ _MATHY = st.lists(
 @given(response=st.one_of(st.text(max_size=200), _MATHY), gold=st.one_of(_MATHY, st.text()),
        truncated=st.booleans())
 def test_grader_is_total(response, gold, truncated):
+    """Total in the response; a gold no response can match is a ValueError naming it."""
+    try:
+        grader.check_gold(gold)
+    except ValueError as refused:
+        with pytest.raises(ValueError, match="gold answer"):
+            grader.grade(response, gold, truncated=truncated)
+        assert "gold answer" in str(refused)
+        return
     reward = grader.grade(response, gold, truncated=truncated)
     assert reward in (0.0, 1.0)
     if truncated:
@@ -401,3 +409,31 @@ def test_non_text_responses_are_refused(response):
     if isinstance(response, bytes):
         with pytest.raises(TypeError, match="decode"):
             grader.grade(response, "1")
+
+
+@pytest.mark.parametrize("gold", [b"42", bytearray(b"42"), 42, 4.2, None, ["42"]])
+def test_golds_of_the_wrong_type_are_refused(gold):
+    """A gold is checked like a response: never `str(b"42")` = "b'42'", silently graded 0."""
+    for call in (lambda: grader.grade("\\boxed{42}", gold),
+                 lambda: grader.grade("\\boxed{42}", gold, truncated=True),
+                 lambda: grader.is_equivalent(gold, "42"), lambda: grader.check_gold(gold)):
+        with pytest.raises(TypeError, match="gold must be a str"):
+            call()
+    with pytest.raises(TypeError, match=r"golds\[1\]: gold must be a str"):
+        grader.grade_batch(["\\boxed{42}"] * 2, ["42", gold])
+    if isinstance(gold, bytes):
+        with pytest.raises(TypeError, match=r"gold\.decode"):
+            grader.grade("\\boxed{42}", gold)
+
+
+@pytest.mark.parametrize(("gold", "match"), [
+    ("", "is empty"), (" . ", "is empty"),
+    ("x+" * 200 + "1", "more than MAX_ANSWER_CHARS=400, and is not a plain number"),
+    ("9^{9^{9^{9}}}", "beyond the grader's size bounds"), ("1e99999", "size bounds"),
+])
+def test_golds_no_response_can_match_are_refused(gold, match):
+    with pytest.raises(ValueError, match=match):
+        grader.grade("\\boxed{1}", gold)
+    with pytest.raises(ValueError, match=r"golds\[0\]: gold answer"):
+        grader.grade_batch(["\\boxed{1}"], [gold])
+    assert grader.check_gold("1" * 401) == "1" * 401  # a long plain number is compared exactly

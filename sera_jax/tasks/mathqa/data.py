@@ -23,6 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sera_jax.tasks.mathqa.bounds import canonical_numeral
 from sera_jax.tasks.mathqa.grader import (
     MAX_ANSWER_CHARS,
     gold_from_gsm8k,
@@ -201,11 +202,13 @@ def _checked_gold(gold: Any, where: str) -> str:
             f"{where}: the gold answer is empty (got {str(gold)!r}); no response could "
             "ever be graded correct. Fix or drop the row"
         )
-    if len(text) > MAX_ANSWER_CHARS:
+    # A long plain number is compared exactly by the grader; anything else long never is.
+    if len(text) > MAX_ANSWER_CHARS and canonical_numeral(normalize_gold(text)) is None:
         raise ValueError(
             f"{where}: the gold answer has {len(text)} characters, more than the grader's "
-            f"MAX_ANSWER_CHARS={MAX_ANSWER_CHARS} (longer answers are never parsed, so no "
-            f"response could be graded correct): {text[:60]!r}...; shorten or drop the row"
+            f"MAX_ANSWER_CHARS={MAX_ANSWER_CHARS}, and is not a plain number (longer answers "
+            "are never parsed, so no response could be graded correct): "
+            f"{text[:60]!r}...; shorten or drop the row"
         )
     if not _balanced_braces(text):
         raise ValueError(
@@ -279,7 +282,8 @@ def load_problems(
     a row that is not an object or lacks the format's fields, a question that is not a
     non-empty string (a null `question` is refused, never read as "None"), a gold answer
     that is empty (`"#### "`), not a string or finite number, longer than the grader's
-    `MAX_ANSWER_CHARS` or with unbalanced braces, a level that is not a whole number.
+    `MAX_ANSWER_CHARS` (unless a plain number, which the grader compares exactly) or with
+    unbalanced braces, a level that is not a whole number.
     Also raises when nothing is left after filtering.
     """
     if fmt not in FORMATS:

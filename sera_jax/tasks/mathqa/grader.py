@@ -50,7 +50,20 @@ answer came from: a box, `$...$`, prose):
   +-`MAX_EXPONENT` makes the answer unparsable (no answer): SymPy would build the number.
 
 Input type: a response must be `str`. Anything else (`bytes`, None, a token array) raises
-TypeError naming the type and the fix (decode first) rather than grading 0.
+TypeError naming the type and the fix (decode first) rather than grading 0. So must a gold
+answer; a gold no response could ever match raises ValueError (`check_gold`): empty, longer
+than `MAX_ANSWER_CHARS` without being a plain number, or beyond the size bounds below. A gold
+that SymPy cannot parse is logged once (every response to it grades 0).
+
+Bounds (`sera_jax.tasks.mathqa.bounds`): SymPy never sees an answer whose evaluation could
+exceed `bounds.MAX_VALUE_DIGITS` digits (`9^{9^{9^{9}}}`, `{10^{6}}!`), a symbolic power
+beyond `bounds.MAX_SYMBOLIC_EXPONENT`, or a construct the LaTeX parser computes while parsing
+(`\\binom` of large numbers, matrix operators): such a response grades 0 and is keyed by its
+string. Python computes a huge number in one C call that no timeout interrupts, so these are
+decided from the expression tree before anything is evaluated. A plain numeral longer than
+`MAX_ANSWER_CHARS` (up to `bounds.MAX_NUMERAL_CHARS` characters; a 100,000-digit integer) is
+compared exactly, as a canonical decimal string (`012,300.50` = `12300.5`), or with an
+expression's exact value when the other side is short (`10^{400}` = 1 and 400 zeros).
 
 Not handled (by design): decimal commas (`2,5` outside a box is the two numbers 2 and
 5), mixed numbers (`1 1/2` reads 1/2), numbers written as words.
@@ -64,16 +77,17 @@ takes 1.6 s). Its normalisation and its parser are used for every answer.
 
 Everything here is total and time-bounded: any `str` (random bytes, unbalanced braces,
 10^6 characters) yields a grade in {0, 1} without raising; extraction is linear in the
-response length; SymPy sees at most `MAX_ANSWER_CHARS` characters under `timeout_s` (on the
-main thread: math-verify's timeout is `signal.alarm`). A response that hit the length cap is
-wrong whatever it contains (the spec's "truncated = wrong" rule).
+response length; SymPy sees at most `MAX_ANSWER_CHARS` characters under `timeout_s` per
+parse, comparison and key (`bounds.deadline`, a re-firing `SIGALRM`: on the main thread only;
+off it only the size bounds hold), and every number it evaluates is within the bounds above.
+A response that hit the length cap is wrong whatever it contains (the spec's "truncated =
+wrong" rule).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import threading
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -83,12 +97,16 @@ import numpy as np
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
+from sera_jax.tasks.mathqa import bounds
+
 # math-verify warns on every timeout / unparsable string; a policy early in RL produces
 # thousands of those per step.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
+_log = logging.getLogger(__name__)
 
-#: Longest answer string handed to SymPy: longer "answers" are garbage and only cost time.
-#: The data loaders refuse gold answers longer than this (they could never be matched).
+#: Longest answer string handed to SymPy: longer "answers" are garbage and only cost time,
+#: except plain numerals, which are compared exactly as strings (`bounds.canonical_numeral`).
+#: The data loaders refuse other gold answers longer than this (they could never be matched).
 MAX_ANSWER_CHARS = 400
 #: Largest |exponent| of scientific notation read as a number (rule P1).
 MAX_EXPONENT = 9999
@@ -98,8 +116,12 @@ def _require_text(response: object, name: str = "response") -> str:
     """`response` itself if it is a `str`; TypeError otherwise (a bytes / None / token
     response is a caller's bug, not a wrong answer)."""
     if not isinstance(response, str):
-        fix = " (decode it first: response.decode('utf-8'))" if isinstance(
-            response, (bytes, bytearray)) else " (pass the decoded text)"
+        if isinstance(response, (bytes, bytearray)):
+            fix = f" (decode it first: {name}.decode('utf-8'))"
+        elif isinstance(response, (int, float)):
+            fix = f" (pass it as text: str({name}))"
+        else:
+            fix = " (pass the decoded text)"
         raise TypeError(f"{name} must be a str, got {type(response).__name__}{fix}")
     return response
 
@@ -410,9 +432,10 @@ def gold_from_gsm8k(answer_field: str) -> str:
     return gold
 
 
-def _in_main_thread() -> bool:
-    # math-verify's timeout uses signal.alarm, which only the main thread may set.
-    return threading.current_thread() is threading.main_thread()
+def _timed(fn, timeout_s: int):
+    """`fn()` under `bounds.deadline` (main thread only); raises TimeoutException."""
+    with bounds.deadline(timeout_s):
+        return fn()
 
 
 # P1: scientific notation (not glued to a word, a decimal point or a backslash command).
@@ -433,20 +456,28 @@ def _scientific_to_latex(answer: str) -> str | None:
     return None if too_big else written
 
 
-def _parse(answer: str, timeout_s: int) -> list:
-    """Parse one extracted answer into math-verify's [sympy, str] form ([] on failure)."""
+def _parse_bounded(answer: str, timeout_s: int) -> tuple[list, bool]:
+    """`(parsed, refused)`: math-verify's [sympy, str] form of one extracted answer ([] on
+    failure); `refused` when it is beyond the size bounds (`bounds`), not just unparsable."""
     if not answer or len(answer) > MAX_ANSWER_CHARS:
-        return []
+        return [], False
     answer = _scientific_to_latex(answer)
-    if answer is None:
-        return []
+    if answer is None or not bounds.screen(answer):
+        return [], True
     try:
-        return parse(
-            "\\boxed{" + answer + "}",
-            parsing_timeout=timeout_s if _in_main_thread() else None,
-        )
+        with bounds.deadline(timeout_s):  # not math-verify's timeout: see `bounds.deadline`
+            parsed = parse("\\boxed{" + answer + "}", parsing_timeout=None)
     except (Exception, TimeoutException):  # noqa: BLE001 -- the grader is total by contract
-        return []
+        return [], False
+    if not all(bounds.within_bounds(p) for p in parsed):
+        return [], True
+    return parsed, False
+
+
+def _parse(answer: str, timeout_s: int) -> list:
+    """Parse one extracted answer into math-verify's [sympy, str] form ([] on failure or
+    beyond the bounds)."""
+    return _parse_bounded(answer, timeout_s)[0]
 
 
 def normalize_gold(gold: str) -> str:
@@ -454,30 +485,84 @@ def normalize_gold(gold: str) -> str:
     return _clean(normalize_text(str(gold)))
 
 
+def check_gold(gold: object, *, timeout_s: int = 5) -> str:
+    """The normalised gold answer (`normalize_gold`), or an error naming why no response
+    could ever match it: TypeError for a non-`str` gold (bytes, a number), ValueError for an
+    empty gold, one longer than `MAX_ANSWER_CHARS` that is not a plain numeral (of at most
+    `bounds.MAX_NUMERAL_CHARS` characters), or one beyond the size bounds (`9^{9^{9^{9}}}`)."""
+    _require_text(gold, "gold")
+    return _gold(gold, int(timeout_s))[0]
+
+
 @lru_cache(maxsize=4096)
-def _parse_gold(gold: str, timeout_s: int) -> tuple:
-    # Gold answers repeat across the N rollouts of a prompt: parse each once.
-    return tuple(_parse(normalize_gold(gold), timeout_s))
+def _gold(gold: str, timeout_s: int) -> tuple[str, str | None, tuple]:
+    """`(normalised, canonical numeral or None, parsed)` of a `str` gold, or ValueError.
+    Cached: a gold repeats across the N rollouts of a prompt (errors are not cached)."""
+    normal = normalize_gold(gold)
+    shown = f"{gold[:60]!r}{'...' if len(gold) > 60 else ''}"
+    if not normal:
+        raise ValueError(f"gold answer {shown} is empty: no response can match it")
+    numeral = bounds.canonical_numeral(normal)
+    if len(normal) > MAX_ANSWER_CHARS:
+        if numeral is None:
+            raise ValueError(
+                f"gold answer {shown} has {len(normal)} characters, more than "
+                f"MAX_ANSWER_CHARS={MAX_ANSWER_CHARS}, and is not a plain number of at most "
+                f"{bounds.MAX_NUMERAL_CHARS} characters: no response can match it; shorten it")
+        return normal, numeral, ()
+    parsed, refused = _parse_bounded(normal, timeout_s)
+    if refused:
+        raise ValueError(
+            f"gold answer {shown} is beyond the grader's size bounds (numbers of at most "
+            f"{bounds.MAX_VALUE_DIGITS} digits, powers of a symbol up to "
+            f"{bounds.MAX_SYMBOLIC_EXPONENT}, brackets nested up to {bounds.MAX_NESTING} deep, "
+            "no large binomial / Gamma / matrix operator: sera_jax.tasks.mathqa.bounds): no "
+            "response can match it; write it in a bounded form")
+    if not parsed:
+        _log.warning("gold answer %s cannot be parsed (or timed out): every response to it "
+                     "grades 0", shown)
+    return normal, numeral, tuple(parsed)
+
+
+def _equivalent(gold: tuple[str, str | None, tuple], answer: str | None, timeout_s: int
+                ) -> bool:
+    """Whether an extracted answer matches a checked gold (`_gold`)."""
+    if answer is None:
+        return False
+    gold_normal, gold_numeral, gold_parsed = gold
+    answer = _clean(normalize_text(answer))
+    if len(answer) > MAX_ANSWER_CHARS or len(gold_normal) > MAX_ANSWER_CHARS:
+        # A long plain numeral: exact comparison, never SymPy on the long side.
+        numeral = bounds.canonical_numeral(answer)
+        if len(answer) > MAX_ANSWER_CHARS and numeral is None:
+            return False
+        if numeral is not None and gold_numeral is not None:
+            return numeral == gold_numeral
+        if numeral is None:  # the gold is the long numeral, the answer a short expression
+            return bounds.numeral_matches(gold_numeral, _parse(answer, timeout_s),
+                                          lambda fn: _timed(fn, timeout_s))
+        return bounds.numeral_matches(numeral, gold_parsed, lambda fn: _timed(fn, timeout_s))
+    pred = _parse(answer, timeout_s)
+    if not gold_parsed or not pred:
+        return False
+    with bounds.deadline(timeout_s):
+        return bool(verify(list(gold_parsed), pred, timeout_seconds=None))
 
 
 def is_equivalent(gold: str, answer: str | None, *, timeout_s: int = 5) -> bool:
     """Whether the answer string is mathematically equivalent to the gold one (math-verify).
 
     Both sides are normalised first (rules N1-N4, A4: `−3` is `-3`, `5.` is `5`).
-    `timeout_s` bounds parsing and comparison each (whole seconds: math-verify uses
-    `signal.alarm`; off the main thread no timeout can be set and none is used).
+    `timeout_s` bounds parsing and comparison each (`bounds.deadline`: a signal, so on the
+    main thread only; the size bounds hold everywhere). The gold is checked first
+    (`check_gold`: TypeError / ValueError).
     """
-    if answer is None:
-        return False
-    _require_text(answer, "answer")
+    _require_text(gold, "gold")
+    checked = _gold(gold, int(timeout_s))
+    if answer is not None:
+        _require_text(answer, "answer")
     try:
-        gold_parsed = list(_parse_gold(str(gold), int(timeout_s)))
-        pred = _parse(_clean(normalize_text(answer)), int(timeout_s))
-        if not gold_parsed or not pred:
-            return False
-        return bool(
-            verify(gold_parsed, pred, timeout_seconds=timeout_s if _in_main_thread() else None)
-        )
+        return _equivalent(checked, answer, int(timeout_s))
     except (Exception, TimeoutException):  # noqa: BLE001 -- total by contract
         return False
 
@@ -487,13 +572,16 @@ def grade(response: str, gold: str, *, truncated: bool = False, timeout_s: int =
 
     The answer is `extract_answer(response)` (the last complete `\\boxed{}`, else the
     rightmost number or math expression outside any box). Never raises for a `str`
-    `response`, whatever it holds; a non-`str` one (bytes, None) raises TypeError.
+    `response`, whatever it holds; a non-`str` one (bytes, None) raises TypeError, and so
+    does a non-`str` gold; a gold no response can match raises ValueError (`check_gold`).
     """
     _require_text(response)
+    _require_text(gold, "gold")
+    checked = _gold(gold, int(timeout_s))
     if truncated:
         return 0.0
     try:
-        return float(is_equivalent(gold, extract_answer(response), timeout_s=timeout_s))
+        return float(_equivalent(checked, extract_answer(response), int(timeout_s)))
     except (Exception, TimeoutException):  # noqa: BLE001 -- total by contract
         return 0.0
 
@@ -505,7 +593,8 @@ def grade_batch(
     *,
     timeout_s: int = 5,
 ) -> np.ndarray:
-    """`grade` over a batch: float32 `[len(responses)]` in {0, 1}."""
+    """`grade` over a batch: float32 `[len(responses)]` in {0, 1}. Every gold is checked
+    first (`check_gold`); an error names its index."""
     if len(responses) != len(golds):
         raise ValueError(
             f"responses and golds must have the same length, got {len(responses)} and "
@@ -517,6 +606,11 @@ def grade_batch(
         raise ValueError(
             f"truncated must have one flag per response ({len(responses)}), got {len(truncated)}"
         )
+    for i, gold in enumerate(golds):
+        try:
+            check_gold(gold, timeout_s=timeout_s)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"golds[{i}]: {e}") from None
     return np.asarray(
         [
             grade(r, g, truncated=bool(t), timeout_s=timeout_s)
@@ -526,35 +620,54 @@ def grade_batch(
     )
 
 
+def _key(expr, answer: str) -> str:
+    """The majority-vote key of a parsed (bounded) answer; see `answer_key`."""
+    import sympy  # math-verify depends on it; imported here to keep module import light
+
+    if expr.is_number and not isinstance(expr, sympy.Number):
+        expr = expr.doit()  # P1 gives an unevaluated 1.5*10**3: key it as 1500
+    if isinstance(expr, sympy.Number):
+        expr = sympy.nsimplify(expr, rational=True, tolerance=1e-9)
+    if isinstance(expr, sympy.Rational):  # str() refuses more than 4,300 digits
+        return bounds.int_to_str(expr.p) + ("" if expr.q == 1 else
+                                            "/" + bounds.int_to_str(expr.q))
+    try:
+        return str(expr)
+    except ValueError:  # a symbolic expression holding a huge integer
+        return answer.strip()
+
+
 def answer_key(response: str, *, truncated: bool = False, timeout_s: int = 5) -> str | None:
     """A canonical key of a response's answer for majority voting (None = abstain).
 
     Equivalent numbers get the same key (`0.5`, `\\frac{1}{2}`, `1/2` -> `'1/2'`; `1,000` and
     `1000` -> `'1000'`): a rational value is written as SymPy's exact `p/q`, a float is
-    rationalised at 1e-9 first. Non-numeric answers use SymPy's string form, unparsable
-    ones the stripped text. Truncated or answerless responses abstain; a non-`str` response
-    raises TypeError.
+    rationalised at 1e-9 first. Non-numeric answers use SymPy's string form; unparsable
+    ones, those beyond the size bounds (`9^{9^{9^{9}}}`) or whose keying timed out, the
+    stripped text; a plain numeral longer than `MAX_ANSWER_CHARS`, its canonical decimal
+    (the same key as a short expression of that value). Truncated or answerless responses
+    abstain; a non-`str` response raises TypeError.
     """
     _require_text(response)
     if truncated:
         return None
     try:
         answer = extract_answer(response)
-        if not answer:
-            return None
+    except (Exception, TimeoutException):  # noqa: BLE001 -- total by contract
+        return None
+    if not answer:
+        return None
+    numeral = bounds.canonical_numeral(answer) if len(answer) > MAX_ANSWER_CHARS else None
+    if numeral is not None:
+        if len(numeral) > MAX_ANSWER_CHARS:
+            return numeral
+        answer = numeral  # "0.5000...0": short once canonical, keyed like "0.5"
+    try:
         parsed = _parse(answer, timeout_s)
         if not parsed:
             return answer.strip()
-        expr = parsed[0]
-        if isinstance(expr, str):
-            return expr.strip()
-        import sympy  # math-verify depends on it; imported here to keep module import light
-
-        if expr.is_number and not isinstance(expr, sympy.Number):
-            expr = expr.doit()  # P1 gives an unevaluated 1.5*10**3: key it as 1500
-        if isinstance(expr, sympy.Number):
-            value = sympy.nsimplify(expr, rational=True, tolerance=1e-9)
-            return str(value)
-        return str(expr)
+        if isinstance(parsed[0], str):
+            return parsed[0].strip()
+        return _timed(lambda: _key(parsed[0], answer), timeout_s)
     except (Exception, TimeoutException):  # noqa: BLE001 -- total by contract
-        return None
+        return answer.strip()
