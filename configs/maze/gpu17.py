@@ -22,24 +22,29 @@ mazes; it is not powered for SERA − uniform (no CI with one seed).
 
 import ml_collections
 
-from sera_jax import config_files
-
-paper = config_files.sibling(__file__, "maze17_paper.py")
+from sera_jax import sft
+from sera_jax.rl import config as rl_config
 
 
 def get_config() -> ml_collections.ConfigDict:
-    c = paper.get_config()
+    c = ml_collections.ConfigDict()
     c.name = "maze17_gpu"
-    c.task.num_train = 1024
-    c.task.num_eval = 256
-    c.task.num_sft = 16384
-    c.task.max_new_tokens = 180
 
-    c.model.dtype = "bfloat16"  # parameters and AdamW state stay float32
+    # The paper's task (SERA_SPEC §7): 17x17 Prim's mazes, 310-token prompts.
+    c.task = ml_collections.ConfigDict(dict(size=17, num_train=1024, num_eval=256,
+                                            num_sft=16384, seed=0, max_new_tokens=180))
+
+    # The paper's maze policy: 4 layers, hidden 256, FFN 1024, 4 heads / 2 KV heads.
+    c.model = ml_collections.ConfigDict()
+    c.model.preset = "maze_policy"
     # The proven attention path for the study; the accelerator check times "dot_product"
     # (cuDNN flash attention) against it on the same machine.
     c.model.overrides = ml_collections.ConfigDict(dict(attention_impl="plain"))
+    c.model.seed = 0
+    c.model.dtype = "bfloat16"  # parameters and AdamW state stay float32
+    c.model.scan_layers = False
 
+    c.sft = sft.get_config()
     c.sft.num_steps = 2000
     c.sft.batch_size = 64
     c.sft.learning_rate = 1e-3
@@ -47,6 +52,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.log_every = 200
     c.sft.checkpoint_every = 0  # the final step only
 
+    c.rl = rl_config.get_config()
     c.rl.num_steps = 60
     c.rl.prompts_per_step = 64
     c.rl.rollouts_per_prompt = 32
@@ -56,24 +62,41 @@ def get_config() -> ml_collections.ConfigDict:
     # drove the shuffled-reward null to pass@64 = 0 within 20 steps and uniform's held-out
     # pass@64 from 48 % to 38 % in 60 (pass@1 2.0 -> 3.3 %): too large a step to read.
     c.rl.optimizer.learning_rate = 3e-5
+    c.rl.sampling.temperature = 1.0
     c.rl.sampling.batch_size = 2048  # the whole budget in one sampler call
     c.rl.micro_batch_size = 1024
+    c.rl.skip_zero_advantage = True  # the same gradient, live rows first (tested)
     c.rl.checkpoint_every = 50
     c.rl.log_every = 10
+    c.rl.method = None  # set per run from compare.methods
 
+    c.compare = ml_collections.ConfigDict()
     c.compare.methods = ("uniform", "sera")
     c.compare.seeds = (0,)
+    c.compare.baseline = "uniform"
     c.compare.null = True
     c.compare.null_seeds = (0,)
     c.compare.aa = False
     c.compare.gate_floor_multiple = 2.0
     c.compare.primary = ml_collections.ConfigDict(dict(method="sera", split="eval", k=64,
                                                        window=2))
+    c.compare.bootstrap = 2000
+    c.compare.level = 0.95
+    c.compare.bootstrap_seed = 0
+    # lr frontier around the paper's lr (`--stage=frontier`; not part of the device command).
+    c.frontier = ml_collections.ConfigDict(dict(
+        learning_rates=(3e-5, 1e-4, 3e-4), methods=("uniform", "sera"), seeds=(0, 1, 2),
+        null=True, null_seeds=(0, 1)))
 
+    c.eval = ml_collections.ConfigDict()
     c.eval.num_samples = 128
     c.eval.curve_samples = 128
     c.eval.every = 20
     c.eval.num_prompts = 256
     c.eval.train_prompts = 64
     c.eval.batch_size = 8192
+    c.eval.temperature = 1.0
+    c.eval.seed = 1234
+    c.eval.noise_seed = 4321
+    c.eval.kv_cache_dtype = ""
     return c
