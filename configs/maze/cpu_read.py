@@ -20,14 +20,13 @@ Why these numbers (`docs/results_maze.md`, "Pilots for a maze that must be read 
 * RL: 300 steps of P 32 x N0 8 (256 rollouts), evaluated at 0, 75, 150, 225, 300; the
   primary window is the last 3 points (150-300). Fewer steps than cpu.py's 400 so that the
   whole default fits 3 h on 2 cores under load (below).
-* lr 1e-5, from the gate pilot (docs section above; uniform vs the shuffled-reward null,
-  seeds 0-1, 64 samples): at 150 steps uniform gains +2.0 to +2.8 pp held-out pass@1 at
-  1e-5, 3e-5 and 1e-4 alike, while the null collapses above 1e-5 (pass@1 4.8 % at 3e-5,
-  1.9 % at 1e-4), so the gap there measures the null's damage; at 1e-5 the null drifts
-  -0.6 pp and uniform keeps the most pass@64. Uniform - null at 1e-5 = +2.67 pp (per seed
-  +2.33, +3.00; 2 x floor 1.79 pp) but with 2 seeds its t interval [-1.60, +6.93] does not
-  clear 0: the gate has NOT passed in the pilot; the default's 4 null seeds decide it.
-  3e-6 (the lr below) and 1e-5 at 300 steps: docs section.
+* lr 1e-5, from the gate pilots (docs section above; uniform vs the shuffled-reward null,
+  64 samples): at 150 steps uniform gains +2.0 to +2.8 pp held-out pass@1 at 1e-5, 3e-5
+  and 1e-4 alike while the null collapses above 1e-5 (pass@1 4.8 % at 3e-5, 1.9 % at
+  1e-4), so a gap there measures the null's damage. At 300 steps (window 200-300, 2 x noise
+  floor 1.59 pp): 3e-6, 2 seeds: +1.89 pp [+1.09, +2.70] (under the 2 pp bar); 1e-5,
+  4 paired seeds: +3.94 pp [+2.74, +5.15], PASS (CI above max(2 x floor, 2 pp)); uniform
+  pass@1 12.3 % (start 9.8 %), pass@64 53.8 % (start 64.1 %).
 
 Wall time of the default (sum of measured parts, one process per core, SFT on one core):
 SFT 2000 steps 19.5 min (0.55 s a step with the other core busy) + its scoring (5 points +
