@@ -48,13 +48,13 @@ run() {
 
 if [ "$smoke" = 1 ]; then
   maze_cfg=configs/maze/gpu17_tiny.py; smoke_flag=--smoke
-  b_accel=240; b_sft=120; b_uniform=120; b_sera=120; b_null=120; b_eval=120
+  b_accel=240; b_sft=120; b_rl=300; b_eval=120
   accel_budgets="--budgets=device=60,sampler_smollm2=60,train_smollm2=60,attention=60"
 else
   maze_cfg=configs/maze/gpu17.py; smoke_flag=
-  # Measured on an H200 (results/device/2026-12-04_h200): the maze stages took 107, 72, 54,
-  # 46 and 9 s; the sampler part 34 s.
-  b_accel=185; b_sft=125; b_uniform=80; b_sera=70; b_null=55; b_eval=25
+  # Measured on an H200 (results/device/2026-12-04_h200): the maze stages took 107 s (SFT),
+  # 72 + 54 + 46 s (three RL processes, ≈ 15 s of start-up each) and 9 s; the sampler 34 s.
+  b_accel=185; b_sft=125; b_rl=205; b_eval=25
   accel_budgets="--budgets=device=20,sampler_smollm2=45,train_smollm2=60,attention=55"
 fi
 
@@ -82,10 +82,9 @@ run accelerator "$b_accel" "$PY" benchmarks/accelerator_check.py $smoke_flag \
 # 4. The GPU maze study, stage by stage (each resumes: a re-run continues where it stopped).
 M=("$PY" -m experiments.maze --config="$maze_cfg" --workdir="$maze_wd")
 run maze_sft "$b_sft" "${M[@]}" --stage=sft
-# One budget per arm, so a slow first arm cannot starve the next; the null runs last.
-run maze_uniform "$b_uniform" "${M[@]}" --stage=rl --methods=uniform --config.compare.null=False
-run maze_sera "$b_sera" "${M[@]}" --stage=rl --methods=sera --config.compare.null=False
-run maze_null "$b_null" "${M[@]}" --stage=rl --methods=uniform
+# The config as pre-registered (an override of compare.* would be refused): one process
+# runs uniform, SERA, then the null (seed-major), sharing its compiled programs.
+run maze_rl "$b_rl" "${M[@]}" --stage=rl
 run maze_eval "$b_eval" "${M[@]}" --stage=eval
 run maze_summary 60 "$PY" benchmarks/device_maze_summary.py --config="$maze_cfg" \
   --workdir="$maze_wd" --out="$OUT/maze.json"

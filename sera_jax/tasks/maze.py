@@ -1,8 +1,9 @@
 """Maze navigation as an RL task (SERA_SPEC §7, Maze).
 
 A perfect maze (a spanning tree over the odd cells of an `n x n` grid, carved by randomised
-Prim's algorithm) is shown to the policy as a grid of tokens; the answer is the sequence of
-moves from the start (1, 1) to the goal (n-2, n-2), then DONE and eos.
+Prim's algorithm or, with `generator="backtracker"`, by a randomised depth-first search) is
+shown to the policy as a grid of tokens; the answer is the sequence of moves from the start
+(1, 1) to the goal (n-2, n-2), then DONE and eos.
 
 Token layout (vocabulary of 32; ids 17..31 are reserved and never produced by the task):
 
@@ -87,16 +88,36 @@ def start_goal(size: int) -> tuple[tuple[int, int], tuple[int, int]]:
 # --------------------------------------------------------------------------- generation
 
 
-def generate_maze(size: int, seed: int | np.random.Generator) -> np.ndarray:
-    """A perfect maze by randomised Prim's algorithm on the odd cells; bool `[size, size]`,
-    True = wall. Deterministic in `seed` (an int or a NumPy Generator, which is advanced).
+#: Maze generators: randomised Prim's (the study's original mazes: short, bushy trees whose
+#: start-to-goal path is often one of the few monotone paths) and the recursive backtracker
+#: (randomised depth-first search: long corridors, long and varied start-to-goal paths).
+GENERATORS = ("prim", "backtracker")
 
-    Cells are the odd coordinates; the maze grows from the start cell by repeatedly
-    opening a uniformly chosen frontier wall (a wall between a carved cell and an uncarved
-    one) and carving the cell behind it, so the open cells form a spanning tree.
+
+def _check_generator(generator: str) -> str:
+    if generator not in GENERATORS:
+        raise ValueError(f"generator must be one of {GENERATORS}, got {generator!r}")
+    return generator
+
+
+def generate_maze(size: int, seed: int | np.random.Generator, generator: str = "prim"
+                  ) -> np.ndarray:
+    """A perfect maze on the odd cells; bool `[size, size]`, True = wall. Deterministic in
+    `seed` (an int or a NumPy Generator, which is advanced) and `generator`:
+
+    * "prim": randomised Prim's algorithm. The maze grows from the start cell by repeatedly
+      opening a uniformly chosen frontier wall (a wall between a carved cell and an uncarved
+      one) and carving the cell behind it.
+    * "backtracker": recursive backtracker (randomised depth-first search). From the cell on
+      top of a stack (the start first), carve into a uniformly chosen uncarved neighbour and
+      push it; with none left, pop.
+
+    Either way the open cells form a spanning tree over the odd cells.
     """
     size = _check_size(size)
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    if _check_generator(generator) == "backtracker":
+        return _backtracker(size, rng)
     walls = np.ones((size, size), bool)
     carved = np.zeros((size, size), bool)
     start = (1, 1)
@@ -123,6 +144,26 @@ def generate_maze(size: int, seed: int | np.random.Generator) -> np.ndarray:
         walls[rr, cc] = False
         carved[rr, cc] = True
         push(rr, cc)
+    return walls
+
+
+def _backtracker(size: int, rng: np.random.Generator) -> np.ndarray:
+    """Recursive-backtracker carving (iterative, with an explicit stack) from (1, 1)."""
+    walls = np.ones((size, size), bool)
+    walls[1, 1] = False
+    stack = [(1, 1)]
+    while stack:
+        r, c = stack[-1]
+        options = [(r + dr, c + dc) for dr, dc in ((-2, 0), (2, 0), (0, -2), (0, 2))
+                   if 1 <= r + dr <= size - 2 and 1 <= c + dc <= size - 2
+                   and walls[r + dr, c + dc]]
+        if not options:
+            stack.pop()
+            continue
+        rr, cc = options[int(rng.integers(len(options)))]
+        walls[(r + rr) // 2, (c + cc) // 2] = False
+        walls[rr, cc] = False
+        stack.append((rr, cc))
     return walls
 
 
@@ -302,16 +343,18 @@ def path_cells(walls: np.ndarray, tokens: Sequence[int]) -> list[tuple[int, int]
 # --------------------------------------------------------------------------- splits
 
 
-def build_splits(size: int, sizes: dict[str, int], seed: int, max_tries_factor: int = 20
-                 ) -> dict[str, np.ndarray]:
+def build_splits(size: int, sizes: dict[str, int], seed: int, max_tries_factor: int = 20,
+                 generator: str = "prim") -> dict[str, np.ndarray]:
     """Disjoint splits of distinct mazes: `{name: bool [sizes[name], size, size]}`.
 
     Mazes are drawn from one seeded stream (maze j uses seed `(seed, j)`), deduplicated by
     `maze_hash`, and dealt to the splits in the order of `sizes` — so a split's contents and
-    ids depend only on (size, seed, the sizes of the splits before it and its own size).
+    ids depend only on (generator, size, seed, the sizes of the splits before it and its
+    own size).
     Raises ValueError when the maze space is too small for the request (5x5 has 4 mazes).
     """
     size = _check_size(size)
+    _check_generator(generator)
     for name, n in sizes.items():
         if int(n) != n or n < 0:
             raise ValueError(f"sizes[{name!r}] must be a non-negative integer, got {n!r}")
@@ -326,7 +369,7 @@ def build_splits(size: int, sizes: dict[str, int], seed: int, max_tries_factor: 
                 f"sizes={sizes}: found only {len(mazes)} distinct {size}x{size} mazes in "
                 f"{j} draws; ask for fewer mazes or a larger size"
             )
-        walls = generate_maze(size, np.random.default_rng([int(seed), j]))
+        walls = generate_maze(size, np.random.default_rng([int(seed), j]), generator)
         j += 1
         key = maze_hash(walls)
         if key not in seen:
@@ -344,15 +387,16 @@ class MazeTask(RLTask):
     """Maze navigation with splits 'train' (RL prompts), 'eval' (held out) and 'sft'
     (supervised shortest paths); all three are disjoint sets of distinct mazes.
 
-    Prompt ids are `0..split_size-1`, stable for a given (size, seed, split sizes).
+    Prompt ids are `0..split_size-1`, stable for a given (generator, size, seed, split sizes).
     """
 
     SPLITS = ("train", "eval", "sft")
 
     def __init__(self, size: int, num_train: int, num_eval: int, num_sft: int = 0, seed: int = 0,
-                 max_new_tokens: int | None = None):
+                 max_new_tokens: int | None = None, generator: str = "prim"):
         self.size = _check_size(size)
         self.seed = int(seed)
+        self.generator = _check_generator(generator)
         if max_new_tokens is None:
             max_new_tokens = max_answer_length(self.size)
         if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
@@ -365,8 +409,8 @@ class MazeTask(RLTask):
         self.max_new_tokens = int(max_new_tokens)
         self.vocab_size = VOCAB_SIZE
         self._walls = build_splits(
-            self.size, {"train": num_train, "eval": num_eval, "sft": num_sft}, self.seed
-        )
+            self.size, {"train": num_train, "eval": num_eval, "sft": num_sft}, self.seed,
+            generator=self.generator)
         self._paths: dict[str, list[np.ndarray]] = {}
         self._prompts = {s: np.stack([encode_prompt(w) for w in m]) if len(m) else
                          np.zeros((0, self.max_prompt_len), np.int32)
@@ -438,17 +482,20 @@ class MazeTask(RLTask):
         return (list(self._prompts[split][ids]), [encode_answer(paths[i]) for i in ids])
 
     def describe(self) -> dict[str, Any]:
-        return {"size": self.size, "seed": self.seed, "max_new_tokens": self.max_new_tokens,
+        return {"size": self.size, "generator": self.generator, "seed": self.seed,
+                "max_new_tokens": self.max_new_tokens,
                 "prompt_len": self.max_prompt_len,
                 **{f"num_{s}": self.split_size(s) for s in self.SPLITS}}
 
 
 def task_from_config(cfg: Any) -> MazeTask:
     """MazeTask from a config block with fields size, num_train, num_eval, num_sft, seed,
-    max_new_tokens (None = the longest possible answer)."""
+    max_new_tokens (None = the longest possible answer) and generator ("prim" when absent,
+    so configs written before the option load unchanged)."""
     return MazeTask(size=cfg.size, num_train=cfg.num_train, num_eval=cfg.num_eval,
                     num_sft=cfg.get("num_sft", 0), seed=cfg.get("seed", 0),
-                    max_new_tokens=cfg.get("max_new_tokens", None))
+                    max_new_tokens=cfg.get("max_new_tokens", None),
+                    generator=cfg.get("generator", "prim"))
 
 
 # --------------------------------------------------------------------------- drawing

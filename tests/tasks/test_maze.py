@@ -1,8 +1,10 @@
 """Maze task: generator, BFS, encoding, the verifier (fuzz + exhaustive) and splits."""
 
+import hashlib
 import itertools
 
 import matplotlib
+import ml_collections
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -57,6 +59,66 @@ def test_generator_deterministic_and_varied():
     np.testing.assert_array_equal(a, b)
     hashes = {M.maze_hash(M.generate_maze(17, s)) for s in range(20)}
     assert len(hashes) == 20
+
+
+#: sha1 over the maze_hash of Prim's mazes of sizes 5, 9, 11, 17 and seeds 0-3, taken before
+#: the generator option existed: the default generator is bit-identical to the original one.
+PRIM_HASH = "e06d4a66950f15a6ef8eedbc56dd0f85c2d844e0"
+
+
+def _hash_of_mazes(**kwargs) -> str:
+    h = hashlib.sha1()
+    for size in (5, 9, 11, 17):
+        for seed in range(4):
+            h.update(M.maze_hash(M.generate_maze(size, seed, **kwargs)).encode())
+    return h.hexdigest()
+
+
+def test_prim_is_unchanged_and_the_default():
+    assert _hash_of_mazes() == PRIM_HASH
+    assert _hash_of_mazes(generator="prim") == PRIM_HASH
+    assert M.MazeTask(9, num_train=4, num_eval=2).generator == "prim"
+
+
+@pytest.mark.parametrize("size", [5, 7, 9, 11, 17, 21])
+def test_backtracker_is_a_perfect_maze(size):
+    for seed in range(5):
+        assert_perfect(M.generate_maze(size, seed, generator="backtracker"))
+
+
+def test_backtracker_deterministic_varied_and_longer():
+    a = M.generate_maze(17, 123, generator="backtracker")
+    np.testing.assert_array_equal(a, M.generate_maze(17, 123, generator="backtracker"))
+    rng_a, rng_b = np.random.default_rng(5), np.random.default_rng(5)
+    np.testing.assert_array_equal(M.generate_maze(11, rng_a, "backtracker"),
+                                  M.generate_maze(11, rng_b, "backtracker"))
+    hashes = {M.maze_hash(M.generate_maze(17, s, generator="backtracker")) for s in range(20)}
+    assert len(hashes) == 20
+    assert _hash_of_mazes(generator="backtracker") != PRIM_HASH
+    # Depth-first carving makes long corridors: start-to-goal paths are longer than Prim's.
+    lengths = {g: np.mean([len(M.shortest_path(M.generate_maze(11, s, g))) for s in range(40)])
+               for g in M.GENERATORS}
+    assert lengths["backtracker"] > 1.5 * lengths["prim"]
+
+
+def test_generator_in_the_task_and_its_config():
+    kw = dict(num_train=6, num_eval=3, num_sft=4, seed=1)
+    prim = M.MazeTask(9, **kw)
+    back = M.MazeTask(9, generator="backtracker", **kw)
+    assert back.describe()["generator"] == "backtracker"
+    assert prim.describe()["generator"] == "prim"
+    for split in M.MazeTask.SPLITS:
+        assert not np.array_equal(prim.walls(split), back.walls(split))
+        for w in back.walls(split):
+            assert_perfect(w)
+    cfg = ml_collections.ConfigDict(dict(size=9, **kw))
+    np.testing.assert_array_equal(M.task_from_config(cfg).walls("eval"), prim.walls("eval"))
+    cfg.generator = "backtracker"
+    np.testing.assert_array_equal(M.task_from_config(cfg).walls("eval"), back.walls("eval"))
+    with pytest.raises(ValueError, match="generator"):
+        M.MazeTask(9, generator="kruskal", **kw)
+    with pytest.raises(ValueError, match="generator"):
+        M.generate_maze(9, 0, generator="dfs")
 
 
 @pytest.mark.parametrize("bad", [3, 4, 6, 16, 5.5, True, -7])

@@ -56,6 +56,10 @@ MODEL_DEFAULTS = {"dtype": "float32", "scan_layers": False}
 #: `eval.paired_noise` (issue 37): also score each run's final policy with the noise key set
 #: (the paired noise floor, `report.paired_floor`); off for configs that predate it.
 EVAL_DEFAULTS = {"kv_cache_dtype": "", "paired_noise": False}
+#: `task.generator` (added after the first runs) is left out at its default, "prim", so a
+#: config that names it and one written before it share fingerprints; any other generator
+#: is part of the fingerprint (its mazes are other mazes).
+TASK_DEFAULTS = {"generator": "prim"}
 
 
 # ----------------------------------------------------------------------------- building
@@ -145,7 +149,7 @@ def eval_sampling(cfg: ml_collections.ConfigDict, task: maze_lib.MazeTask) -> Sa
 
 def sft_fingerprint(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     """What defines the SFT model: task (its splits), model and SFT config."""
-    return {"task": cfg.task.to_dict(),
+    return {"task": loop.trim_fields(cfg.task.to_dict(), defaults=TASK_DEFAULTS),
             "model": loop.trim_fields(cfg.model.to_dict(), defaults=MODEL_DEFAULTS),
             "sft": sft_lib.config_fingerprint(cfg.sft)}
 
@@ -192,6 +196,8 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequ
       f"one of {DTYPE_NAMES} (the compute dtype; parameters stay float32)")
     for field in ("num_train", "num_eval"):
         c(common.positive_int(t[field]), f"task.{field}", t[field], "an integer >= 1")
+    c(t.get("generator", "prim") in maze_lib.GENERATORS, "task.generator",
+      t.get("generator"), f"one of {maze_lib.GENERATORS}")
     c(isinstance(t.num_sft, int) and t.num_sft >= 0, "task.num_sft", t.num_sft,
       "an integer >= 0")
     c(common.positive_int(t.max_new_tokens) and

@@ -168,3 +168,17 @@ def test_validate_resolves_every_arm_once_into_the_method_its_runs_train_with(mo
     assert all(isinstance(m, methods_lib.Method) for m in resolved.values())
     assert resolved["sera"] == methods_lib.get_method("sera")
     assert len(calls) == len(resolved)  # once per arm, not per run or per seed
+
+
+def test_task_generator_in_the_fingerprint_only_when_not_prim():
+    from sera_jax.studies.maze import setup
+
+    base = load_config("cpu")
+    assert "generator" not in base.task
+    named = _with("cpu", "task.generator", "prim")
+    back = _with("cpu", "task.generator", "backtracker")
+    assert setup.sft_fingerprint(named) == setup.sft_fingerprint(base)
+    assert setup.sft_fingerprint(back)["task"]["generator"] == "backtracker"
+    assert load_config("cpu_read").task.generator == "backtracker"
+    with pytest.raises(common.StudyError, match="task.generator"):
+        setup.validate(_with("cpu", "task.generator", "dfs"), ("uniform",), (0,))
