@@ -65,7 +65,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.learning_rate = 2e-3
     c.sft.warmup_steps = 100
     c.sft.log_every = 50
-    c.sft.checkpoint_every = 500
+    c.sft.checkpoint_every = 1000  # pilot A's: its SFT checkpoint is this default's start
 
     c.rl.num_steps = 300
     c.rl.optimizer.learning_rate = 1e-5  # the gate pilot's choice (docstring)
@@ -76,4 +76,5 @@ def get_config() -> ml_collections.ConfigDict:
     c.frontier.learning_rates = (3e-6, 1e-5, 3e-5, 1e-4)  # one below the default's
 
     c.eval.every = 75  # points 0, 75, 150, 225, 300
+    c.eval.paired_noise = True  # the noise floor as paired arms see it (shared keys)
     return c
