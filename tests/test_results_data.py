@@ -37,6 +37,9 @@ DEVICE = os.path.join(ROOT, "results", "device", "2026-12-04_h200")
 UNTRACED = {
     "Maze, 9×9": "the 2 Dec long-horizon run (configs/maze/cpu.py, 8 seeds) and its blind "
                  "control are not committed; only docs/results_maze.md's prose holds them",
+    "Maze that must be read": "the SFT report is committed (results/maze/maze_cpu_read/"
+                              "sft_validity.json); the gate pilot's runs (/work/pilots) are "
+                              "not, and the comparison has not finished",
     "Math, SmolLM2-135M": "the one-seed, 4-step math run's outputs are not committed",
     "Allocation lab": "the 64-seed lab run's outputs (configs/allocation_lab/cpu.py) are not "
                       "committed",
