@@ -168,8 +168,8 @@ def test_rl_step_bench_paired_rollouts_give_both_sides_the_same_batch(tmp_path):
 
 
 #: Every part of benchmarks/accelerator_check.py, in table order.
-ACCELERATOR_PARTS = ("device", "sampler_smollm2", "train_smollm2", "sampler_qwen25",
-                     "train_qwen25", "maze")
+ACCELERATOR_PARTS = ("device", "sampler_smollm2", "train_smollm2", "attention",
+                     "sampler_qwen25", "train_qwen25", "maze")
 
 
 def _number(cell: str) -> float:
