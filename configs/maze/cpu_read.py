@@ -74,6 +74,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.compare.null_seeds = (0, 1, 2, 3)
     c.compare.aa_seeds = (0, 1, 2, 3)
     c.frontier.learning_rates = (3e-6, 1e-5, 3e-5, 1e-4)  # one below the default's
+    c.frontier.seeds = (0, 1, 2, 3, 4, 5)  # >= 6 seeds per lr (issue 37 item 4)
+    c.frontier.null_seeds = (0, 1, 2, 3)
 
     c.eval.every = 75  # points 0, 75, 150, 225, 300
     c.eval.paired_noise = True  # the noise floor as paired arms see it (shared keys)
