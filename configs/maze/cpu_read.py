@@ -41,6 +41,15 @@ One command on 2 cores (one RL process per core; each run resumes where it stopp
     M="python -m experiments.maze --config=configs/maze/cpu_read.py --workdir=$W"
     $M --stage=sft && (taskset -c 0 $M --stage=rl --seeds=0,2,4,6 & \
         taskset -c 1 $M --stage=rl --seeds=1,3,5,7 & wait) && $M --stage=eval
+
+The frontier and the lr-matched arm (issue 37 item 4; 24 + 8 more runs, ~1.4 h on 2 idle
+cores), after the comparison:
+
+    (taskset -c 0 $M --stage=frontier --seeds=0,2,4 & \
+        taskset -c 1 $M --stage=frontier --seeds=1,3,5 & wait) && $M --stage=frontier && \
+    $M --stage=matched --seeds=0 && (taskset -c 0 $M --stage=matched --seeds=0,2,4,6 & \
+        taskset -c 1 $M --stage=matched --seeds=1,3,5,7 & wait) && $M --stage=matched && \
+    $M --stage=export
 """
 
 import ml_collections
@@ -73,9 +82,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.compare.methods = ("uniform", "sera")
     c.compare.null_seeds = (0, 1, 2, 3)
     c.compare.aa_seeds = (0, 1, 2, 3)
-    c.frontier.learning_rates = (3e-6, 1e-5, 3e-5, 1e-4)  # one below the default's
-    c.frontier.seeds = (0, 1, 2, 3, 4, 5)  # >= 6 seeds per lr (issue 37 item 4)
-    c.frontier.null_seeds = (0, 1, 2, 3)
+    # Uniform's frontier (issue 37 item 4): 4 lrs (one below the default's) x 6 seeds, the
+    # SFT start as lr -> 0; SERA is placed at the default lr by the comparison's own 8 seeds
+    # (frontier.lr_arms) -- running SERA at every lr would double the stage past the budget.
+    # 2 null seeds per other lr: enough for each lr's gate (the selection rule), not a verdict.
+    c.frontier.learning_rates = (3e-6, 1e-5, 3e-5, 1e-4)
+    c.frontier.methods = ("uniform",)
+    c.frontier.seeds = (0, 1, 2, 3, 4, 5)
+    c.frontier.null_seeds = (0, 1)
 
     c.eval.every = 75  # points 0, 75, 150, 225, 300
     c.eval.paired_noise = True  # the noise floor as paired arms see it (shared keys)

@@ -99,8 +99,9 @@ def export_results(cfg: ml_collections.ConfigDict, workdir: str,
                                 "lrs": {name: e["lr"] for name, e in fout["lrs"].items()}}
         for name, e in fout["lrs"].items():
             lcfg = fr.lr_config(cfg, e["lr"])
-            ldata = gather(lcfg, os.path.join(workdir, e["dir"]), fout["methods"],
-                           fout["seeds"], sft_dir)
+            ldata = gather(lcfg, os.path.join(workdir, e["dir"]),
+                           e.get("methods", fout["methods"]), e.get("seeds", fout["seeds"]),
+                           sft_dir)
             arrays.update(data_arrays(ldata, f"frontier/{name}/", sft=False))
     if os.path.exists(os.path.join(results, "matched.json")):
         mout = read_json(os.path.join(results, "matched.json"))

@@ -2,7 +2,10 @@
 
 For every lr of `frontier.learning_rates`: the comparison of `frontier.methods` with
 `frontier.seeds` and the null control (`frontier.null_seeds`) from the shared SFT stage, in
-`frontier/lr<lr>/` (the config's own lr reuses the workdir's runs). Each method's point is
+`frontier/lr<lr>/`. The config's own lr is the comparison itself (`lr_arms`): the workdir's
+runs of `frontier.methods` and `compare.methods` with `compare.seeds` and the comparison's
+null seeds -- so `frontier.methods = ("uniform",)` draws uniform's frontier and places the
+compared methods at the config's lr without running them at every lr. Each method's point is
 (held-out pass@1, held-out pass@k) with k and the window of `compare.primary`: per seed the
 mean over the last `window` evaluation points, then the Student t interval over seeds. Each
 lr's gate is `curves.null_gate` (baseline − null at held-out pass@1, CI above 0 and mean above
@@ -81,20 +84,46 @@ def frontier_seeds(cfg: ml_collections.ConfigDict) -> list[int]:
                            "frontier.seeds")
 
 
+def is_config_lr(cfg: ml_collections.ConfigDict, lr: float) -> bool:
+    """Whether `lr` is the config's own (the comparison's runs are that lr's point)."""
+    return float(lr) == float(cfg.rl.optimizer.learning_rate)
+
+
 def lr_config(cfg: ml_collections.ConfigDict, lr: float) -> ml_collections.ConfigDict:
-    """`cfg` at learning rate `lr` with the frontier's null control and no A/A arm."""
+    """`cfg` at learning rate `lr` with no A/A arm and, except at the config's own lr (the
+    comparison's null runs), the frontier's null control."""
     out = ml_collections.ConfigDict(cfg.to_dict())
     out.rl.optimizer.learning_rate = float(lr)
-    out.compare.null = bool(cfg.frontier.null)
-    out.compare.null_seeds = tuple(cfg.frontier.null_seeds)
+    if not is_config_lr(cfg, lr):
+        out.compare.null = bool(cfg.frontier.null)
+        out.compare.null_seeds = tuple(cfg.frontier.null_seeds)
     out.compare.aa = False
+    return out
+
+
+def lr_arms(cfg: ml_collections.ConfigDict, lr: float) -> tuple[list[str], list[int]]:
+    """(methods, seeds) at `lr`: `frontier.methods` x `frontier.seeds`; at the config's own lr
+    also `compare.methods`, with `compare.seeds` (the comparison's runs, already there)."""
+    methods, seeds = frontier_methods(cfg), frontier_seeds(cfg)
+    if not is_config_lr(cfg, lr):
+        return methods, seeds
+    compared = common.method_names(cfg.compare.methods, "compare.methods")
+    return (methods + [m for m in compared if m not in methods],
+            common.int_list(cfg.compare.seeds, "compare.seeds"))
+
+
+def all_methods(cfg: ml_collections.ConfigDict) -> list[str]:
+    """Every method with a point at some lr (`lr_arms` over the grid), baseline first."""
+    out: list[str] = []
+    for lr in frontier_learning_rates(cfg):
+        out += [m for m in lr_arms(cfg, lr)[0] if m not in out]
     return out
 
 
 def lr_dir(cfg: ml_collections.ConfigDict, workdir: str, lr: float) -> str:
     """Where the runs at `lr` live: the workdir itself at the config's own lr (the default
     comparison's runs are points of the frontier), else `frontier/lr<lr>`."""
-    if float(lr) == float(cfg.rl.optimizer.learning_rate):
+    if is_config_lr(cfg, lr):
         return workdir
     return os.path.join(workdir, "frontier", f"lr{lr:g}")
 
@@ -108,10 +137,9 @@ def validate_frontier(cfg: ml_collections.ConfigDict) -> None:
     common.int_list(cfg.frontier.null_seeds, "frontier.null_seeds")
     common.check(cfg.compare.get("primary") is not None, "compare.primary", None,
                  "set: the frontier's metric and window are the primary endpoint's")
-    methods, seeds = frontier_methods(cfg), frontier_seeds(cfg)
     for lr in frontier_learning_rates(cfg):
         try:
-            validate(lr_config(cfg, lr), methods, seeds)
+            validate(lr_config(cfg, lr), *lr_arms(cfg, lr))
         except common.StudyError as e:
             raise common.StudyError(f"frontier lr={lr:g}: {e}") from None
 
@@ -200,7 +228,7 @@ def stage_frontier(cfg: ml_collections.ConfigDict, workdir: str, mesh=None,
     """Run (or resume) every lr's comparison, restricted to `seeds` when given (one process
     per core, like `--stage=rl`), aggregate what has finished and write
     `results/frontier.{json,md,png}` after every lr (partial results survive a kill)."""
-    methods = frontier_methods(cfg)
+    methods = all_methods(cfg)
     all_seeds = frontier_seeds(cfg)
     only = None if seeds is None else {int(s) for s in seeds}
     spec = cfg.compare.primary
@@ -221,15 +249,18 @@ def stage_frontier(cfg: ml_collections.ConfigDict, workdir: str, mesh=None,
     for lr in frontier_learning_rates(cfg):
         ccfg = lr_config(cfg, lr)
         cdir = lr_dir(cfg, workdir, lr)
+        lr_methods, lr_seeds = lr_arms(cfg, lr)
         t0 = time.perf_counter()
-        run_plan(ccfg, cdir, arms(ccfg, methods, all_seeds), mesh, only=only, sft_dir=sft_dir)
+        run_plan(ccfg, cdir, arms(ccfg, lr_methods, lr_seeds), mesh, only=only,
+                 sft_dir=sft_dir)
         results_dir = os.path.join(workdir, "frontier", f"lr{lr:g}", "results")
-        table = aggregate(ccfg, cdir, methods, all_seeds, sft_dir=sft_dir, mesh=mesh,
+        table = aggregate(ccfg, cdir, lr_methods, lr_seeds, sft_dir=sft_dir, mesh=mesh,
                           plots=False, results_dir=results_dir)
         log_timing(workdir, f"frontier/lr{lr:g}", time.perf_counter() - t0)
-        pts = {arm: p for arm in methods + ([NULL] if ccfg.compare.null else [])
+        pts = {arm: p for arm in lr_methods + ([NULL] if ccfg.compare.null else [])
                if (p := point(table, arm, k, window, level)) is not None}
         out["lrs"][f"{lr:g}"] = {"lr": lr, "dir": os.path.relpath(cdir, workdir),
+                                 "methods": lr_methods, "seeds": lr_seeds,
                                  "points": pts, "gate": table["gate"]}
         if "sft" not in out and table["curves"]["sft"].get("eval"):
             out["sft"] = start_point(table, k, window)
@@ -343,6 +374,7 @@ def write_frontier(out: dict[str, Any], results_dir: str) -> None:
     plot_frontier(out, os.path.join(results_dir, "frontier.png"))
 
 
-__all__ = ["DISTANCE_RULE", "SELECTION_RULE", "above_frontier", "blind_point",
-           "frontier_distance", "frontier_markdown", "lr_config", "lr_dir", "point",
+__all__ = ["DISTANCE_RULE", "SELECTION_RULE", "above_frontier", "all_methods", "blind_point",
+           "frontier_distance", "frontier_markdown", "is_config_lr", "lr_arms", "lr_config",
+           "lr_dir", "point",
            "stage_frontier", "start_point", "summarise", "validate_frontier", "write_frontier"]

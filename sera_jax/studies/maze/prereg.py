@@ -99,11 +99,14 @@ def frontier_spec(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     p, base = cfg.compare.primary, cfg.compare.baseline
     lrs = fr.frontier_learning_rates(cfg)
     methods, seeds = fr.frontier_methods(cfg), fr.frontier_seeds(cfg)
-    fields = {f"{lr:g}": arm_fields(fr.lr_config(cfg, lr), methods, seeds) for lr in lrs}
+    fields = {f"{lr:g}": arm_fields(fr.lr_config(cfg, lr), *fr.lr_arms(cfg, lr)) for lr in lrs}
+    own = float(cfg.rl.optimizer.learning_rate)
     return {"metric": f"held-out pass@1 and pass@{int(p.k)}, per seed the mean over the last "
                       f"{int(p.window)} evaluation points", "k": int(p.k),
             "window": int(p.window), "learning_rates": lrs,
             "methods": methods, "seeds": seeds,
+            "at_config_lr": ({"lr": own, **dict(zip(("methods", "seeds"), fr.lr_arms(cfg, own)))}
+                             if own in lrs else None),
             "null": bool(cfg.frontier.null),
             "null_seeds": common.int_list(cfg.frontier.null_seeds, "frontier.null_seeds"),
             "selection_rule": fr.SELECTION_RULE.format(base=base, k=int(p.k)),

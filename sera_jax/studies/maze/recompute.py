@@ -155,11 +155,13 @@ def recompute(folder: str) -> dict[str, Any]:
             lcfg = fr.lr_config(cfg, e["lr"])
             ldata = load_data(lcfg, counts, None, f"frontier/{name}/", data["points"])
             ldata["validity"] = data["validity"]
-            ltable = build_table(lcfg, ldata, fsaved["methods"])
-            pts = {arm: p for arm in fsaved["methods"] + ([fr.NULL] if lcfg.compare.null else [])
+            lr_methods = e.get("methods", fsaved["methods"])
+            ltable = build_table(lcfg, ldata, lr_methods)
+            pts = {arm: p for arm in lr_methods + ([fr.NULL] if lcfg.compare.null else [])
                    if (p := fr.point(ltable, arm, k, window, level)) is not None}
             fout["lrs"][name] = {"lr": e["lr"], "dir": e["dir"], "points": pts,
-                                 "gate": ltable["gate"]}
+                                 "gate": ltable["gate"],
+                                 **{key: e[key] for key in ("methods", "seeds") if key in e}}
             if "sft" not in fout:
                 fout["sft"] = fr.start_point(ltable, k, window)
                 fout["blind"] = fr.blind_point(ltable, k)

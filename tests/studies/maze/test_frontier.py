@@ -91,3 +91,21 @@ def test_frontier_distance_includes_the_start_and_has_a_seed_bootstrap_ci():
     assert d["lo"] < d["mean"] < d["hi"] and 0 < d["defined_share"] <= 1
     # Without the start SERA's pass@1 lies outside uniform's range: no distance.
     assert frontier.frontier_distance(ref, None, target, num_resamples=50)["mean"] is None
+
+
+def test_config_lr_is_the_comparison_with_its_methods_seeds_and_null():
+    from sera_jax import config_files
+
+    cfg = config_files.get_config("configs/maze/cpu_read.py")
+    own = cfg.rl.optimizer.learning_rate
+    methods, seeds = frontier.lr_arms(cfg, own)
+    assert methods == ["uniform", "sera"] and seeds == list(cfg.compare.seeds)
+    assert frontier.lr_dir(cfg, "/w", own) == "/w"
+    assert tuple(frontier.lr_config(cfg, own).compare.null_seeds) == tuple(cfg.compare.null_seeds)
+    other = 3e-5
+    assert frontier.lr_arms(cfg, other) == (["uniform"], list(cfg.frontier.seeds))
+    assert tuple(frontier.lr_config(cfg, other).compare.null_seeds) == (0, 1)
+    assert frontier.lr_dir(cfg, "/w", other) == "/w/frontier/lr3e-05"
+    assert frontier.all_methods(cfg) == ["uniform", "sera"]
+    cfg.rl.optimizer.learning_rate = 2e-5  # off the grid: uniform only, everywhere
+    assert frontier.all_methods(cfg) == ["uniform"]
