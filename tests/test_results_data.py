@@ -32,14 +32,12 @@ from tests import util
 ROOT = util.ROOT
 ALIGNMENT = os.path.join(ROOT, "results", "alignment")
 DEVICE = os.path.join(ROOT, "results", "device", "2026-12-04_h200")
+MAZE_READ = os.path.join(ROOT, "results", "maze", "maze_cpu_read")
 
 #: README rows (by the start of their first cell) whose data is not committed yet.
 UNTRACED = {
     "Maze, 9×9": "the 2 Dec long-horizon run (configs/maze/cpu.py, 8 seeds) and its blind "
                  "control are not committed; only docs/results_maze.md's prose holds them",
-    "Maze that must be read": "the SFT report is committed (results/maze/maze_cpu_read/"
-                              "sft_validity.json); the gate pilot's runs (/work/pilots) are "
-                              "not, and the comparison has not finished",
     "Math, SmolLM2-135M": "the one-seed, 4-step math run's outputs are not committed",
     "Allocation lab": "the 64-seed lab run's outputs (configs/allocation_lab/cpu.py) are not "
                       "committed",
@@ -295,10 +293,103 @@ MAZE17_ROW: list[Derivation] = [
     ("tokens of that timing", _attention_tokens),
 ]
 
+@functools.cache
+def maze_read() -> dict[str, Any]:
+    """The read-the-maze default's committed comparison and SFT report."""
+    with open(os.path.join(MAZE_READ, "comparison.json")) as f:
+        table = json.load(f)
+    with open(os.path.join(MAZE_READ, "sft_validity.json")) as f:
+        validity = json.load(f)
+    return {"table": table, "validity": validity}
+
+
+def _pp(x: float, digits: int = 1, sign: bool = True) -> str:
+    return f"{100 * x:{'+' if sign else ''}.{digits}f}"
+
+
+def _primary(field: str, two_level: bool = False) -> str:
+    p = maze_read()["table"]["curves"]["primary"]
+    return _pp((p["two_level"] if two_level else p["estimate"])[field])
+
+
+def _vs_start(arm: str) -> str:  # held-out pass@64 against the start at the last point
+    return _pp(maze_read()["table"]["vs_sft"][arm]["eval"]["64"]["mean"])
+
+
+def _read_validity(which: str, k: str, digits: int) -> str:
+    return _pp(maze_read()["validity"][which][k], digits, sign=False)
+
+
+def _read_gate(field: str) -> str:
+    return _pp(maze_read()["table"]["gate"][field], 2)
+
+
+MAZE_READ_ROW: list[Derivation] = [
+    ("maze size", lambda: f"{maze_read()['validity']['size']}"),
+    ("maze size", lambda: f"{maze_read()['validity']['size']}"),
+    ("paired seeds",
+     lambda: f"{maze_read()['table']['curves']['primary']['estimate']['seeds']}"),
+    ("primary: SERA − uniform held-out pass@64, window mean", lambda: _primary("mean")),
+    ("its seed-level t CI, low", lambda: _primary("lo")),
+    ("... high", lambda: _primary("hi")),
+    ("two-level bootstrap, low", lambda: _primary("lo", True)),
+    ("... high", lambda: _primary("hi", True)),
+    ("uniform − start, held-out pass@64, last point", lambda: _vs_start("uniform")),
+    ("SERA − start", lambda: _vs_start("sera")),
+    ("SERA − uniform held-out pass@1 over the window", lambda: _pp(
+        maze_read()["table"]["curves"]["secondary"]["endpoints"]
+        ["sera − uniform | eval | pass@1"]["mean"], 2)),
+    ("blind pass@1, %", lambda: _read_validity("blind_pass_at_k", "1", 3)),
+    ("blind pass@64, %", lambda: _read_validity("blind_pass_at_k", "64", 1)),
+    ("start pass@1, %", lambda: _read_validity("start_pass_at_k", "1", 1)),
+    ("start pass@64, %", lambda: _read_validity("start_pass_at_k", "64", 1)),
+    ("gate: uniform − null held-out pass@1", lambda: _read_gate("mean")),
+    ("its CI, low", lambda: _read_gate("lo")),
+    ("... high", lambda: _read_gate("hi")),
+    ("A/A false-positive rate, % of cells", lambda: _pp(
+        maze_read()["table"]["aa"]["false_positive_rate"], 1, sign=False)),
+]
+
+
+def _curve_cell(comparison: str, k: str, step: int) -> str:
+    pts = maze_read()["table"]["curves"]["differences"][comparison]["eval"]["points"][k]
+    p = next(p for p in pts if p["step"] == step)
+    return (f"{_pp(p['mean'], 2)} [{_pp(p['lo'], 2)}, {_pp(p['hi'], 2)}]").replace("-", "−")
+
+
+def maze_read_page_rows() -> set[str]:
+    """Every table row the read-the-maze section may print: the report's own markdown of the
+    committed comparison.json, and the over-training table derived from its curves."""
+    from sera_jax.studies.maze.tables import comparison_markdown
+
+    rows = set(comparison_markdown(maze_read()["table"]).splitlines())
+    steps = [s for s in maze_read()["table"]["curves"]["steps"] if s > 0]
+    rows.add("| step | " + " | ".join(str(s) for s in steps) + " |")
+    for label, comparison, k in (("pass@1", "sera − uniform", "1"),
+                                 ("pass@64", "sera − uniform", "64"),
+                                 ("uniform − null, pass@1", "uniform − null", "1")):
+        rows.add(f"| {label} | " + " | ".join(_curve_cell(comparison, k, s) for s in steps)
+                 + " |")
+    return rows
+
+
+def test_maze_read_page_tables_come_from_the_data():
+    with open(os.path.join(ROOT, "docs", "results_maze.md")) as f:
+        page = f.read()
+    section = page.split("## The default where the maze must be read", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in section.splitlines() if ln.startswith("|") and not ln.startswith("|--")]
+    assert len(rows) >= 12, "the section's tables are gone"
+    allowed = maze_read_page_rows()
+    missing = [r for r in rows if r not in allowed]
+    assert not missing, ("docs/results_maze.md's read-the-maze tables differ from "
+                         f"results/maze/maze_cpu_read/comparison.json: {missing}")
+
+
 #: README rows (by the start of their first cell) whose numbers are derived from the data.
 TRACED: dict[str, tuple[str, list[Derivation]]] = {
     "Gradient alignment, digits": ("results/alignment/digits", ALIGNMENT_ROW),
     "Maze, 17×17": ("results/device/2026-12-04_h200", MAZE17_ROW),
+    "Maze that must be read": ("results/maze/maze_cpu_read", MAZE_READ_ROW),
 }
 
 
