@@ -2,6 +2,10 @@
 
 * `results/alignment/recompute.py` rebuilds docs/results_alignment.md's measured tables from
   `results/alignment/digits/` and every line matches the page.
+* `results/lab/recompute.py` rebuilds the allocation lab's summary from
+  `results/lab/cpu_default/` (numpy alone) and every line matches the run's own summary.md
+  and docs/results_lab.md's "Measured tables"; the numbers of the page's verdict and notes
+  are derived here from the same files, as the README rows' are.
 * Each row of the README's "Results at a glance" table is either TRACED -- its numbers, in
   the order the README prints them, are derived here from its results folder and rounded as
   printed (a derivation that also checks the claim around its number returns a "claim
@@ -22,15 +26,17 @@ import math
 import os
 import re
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests import util
 
 ROOT = util.ROOT
 ALIGNMENT = os.path.join(ROOT, "results", "alignment")
+LAB = os.path.join(ROOT, "results", "lab")
 DEVICE = os.path.join(ROOT, "results", "device", "2026-12-04_h200")
 MAZE_READ = os.path.join(ROOT, "results", "maze", "maze_cpu_read")
 
@@ -39,8 +45,6 @@ UNTRACED = {
     "Maze, 9×9": "the 2 Dec long-horizon run (configs/maze/cpu.py, 8 seeds) and its blind "
                  "control are not committed; only docs/results_maze.md's prose holds them",
     "Math, SmolLM2-135M": "the one-seed, 4-step math run's outputs are not committed",
-    "Allocation lab": "the 64-seed lab run's outputs (configs/allocation_lab/cpu.py) are not "
-                      "committed",
     "Speed vs PyTorch": "measured at 7813cdc, before the 2 Dec refactor; no results file: to "
                         "be re-measured at HEAD (issue 39 item 1)",
 }
@@ -385,11 +389,350 @@ def test_maze_read_page_tables_come_from_the_data():
                          f"results/maze/maze_cpu_read/comparison.json: {missing}")
 
 
+# ----------------------------------------------------------------------------- allocation lab
+
+
+@functools.cache
+def _lab_recompute():
+    spec = importlib.util.spec_from_file_location(
+        "lab_recompute", os.path.join(LAB, "recompute.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
+def _lab_data() -> dict[str, Any]:
+    return _lab_recompute().load()
+
+
+@functools.cache
+def lab() -> dict[str, Any]:
+    return _lab_recompute().numbers(_lab_data())
+
+
+def test_lab_summary_and_page_tables_are_recomputed_from_the_data():
+    _, run_diff, doc_diff = _lab_recompute().check(data=_lab_data())
+    assert not run_diff, "results/lab/cpu_default/summary.md differs from the recomputation:\n" + (
+        "\n".join(run_diff))
+    assert not doc_diff, "docs/results_lab.md differs from results/lab/cpu_default:\n" + (
+        "\n".join(doc_diff))
+
+
+def test_lab_check_reports_a_changed_line(tmp_path):
+    rc = _lab_recompute()
+    with open(rc.DOC) as f:
+        page = f.read()
+    line = "| sera | -1.03 [-1.19, -0.87] | -1.25 [-1.49, -1.01] |"
+    assert line in page
+    bad = tmp_path / "page.md"
+    bad.write_text(page.replace(line, line.replace("-1.03", "-1.04"), 1))
+    _, run_diff, doc_diff = rc.check(doc=str(bad), data=_lab_data())
+    assert not run_diff and "-1.04" in "\n".join(doc_diff) and "-1.03" in "\n".join(doc_diff)
+
+
+def test_lab_t_quantile_is_scipys():
+    from scipy import stats
+
+    for df, t in _lab_recompute().T975.items():
+        assert t == pytest.approx(stats.t.ppf(0.975, df), abs=1e-12)
+
+
+def _lab_section(heading: str) -> str:
+    with open(_lab_recompute().DOC) as f:
+        text = f.read()
+    return text.split("\n" + heading, 1)[1].split("\n## ", 1)[0]
+
+
+def test_lab_page_opens_with_the_run():
+    stamp = _lab_data()["stamp"]
+    with open(_lab_recompute().DOC) as f:
+        opening = f.read().split("\n\n", 2)[1]
+    day = f"{int(stamp['date'][8:10])} {_MONTHS[int(stamp['date'][5:7]) - 1]} {stamp['date'][:4]}"
+    assert f"commit {stamp['commit'][:7]} on {day}" in opening, (opening, stamp)
+
+
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def _lab_ci(family: str, table: str, arm: str, k: int, label: str) -> list[Derivation]:
+    """The three numbers of a printed interval 'mean [lo, hi]' (points, 2 decimals)."""
+    p = lambda: lab()[family][table][arm][k]  # noqa: E731
+    return [(f"{label}: mean", lambda: f"{p().mean:+.2f}"),
+            (f"{label}: lo", lambda: f"{p().lo:+.2f}"),
+            (f"{label}: hi", lambda: f"{p().hi:+.2f}")]
+
+
+def _lab_config() -> dict[str, Any]:
+    return _lab_data()["config"]
+
+
+def _lab_gate(family: str, label: str) -> list[Derivation]:
+    g = lambda: lab()[family]["gate"]  # noqa: E731
+    return [(f"{label}: mean", lambda: _claim(g().lo > 0, f"{g().mean:+.2f}", "gate fails")),
+            (f"{label}: lo", lambda: f"{g().lo:+.2f}"),
+            (f"{label}: hi", lambda: f"{g().hi:+.2f}")]
+
+
+def _lab_max_gap(arms: Sequence[str], reference: str) -> float:
+    """max |mean final held-out pass@k of an arm − the reference's| over the table ks."""
+    f = lab()["main"]["final"]
+    return max(abs(f[a][k] - f[reference][k]) for a in arms
+               for k in _lab_config()["report"]["table_ks"])
+
+
+SERA_VARIANTS = ("sera_equalized", "sera_paper_rounding", "inverse_p", "sera_posterior",
+                 "sera_sequential")
+PEERS = ("knapsack", "hit_utility", "grpo")
+
+
+def _regime(k: int, reference: str = "uniform", method: str = "sera") -> list[dict[str, Any]]:
+    return [r for r in lab()["regime"] if r["k"] == k and r["reference"] == reference
+            and r["method"] == method]
+
+
+def _regime_above_null() -> bool:
+    return all(r["paired"].lo > 0 for r in lab()["regime"] if r["reference"] == "null")
+
+
+def _regime_wins(k: int) -> str:
+    rows = _regime(k)
+    return f"{sum(r['winner'] == 'uniform' for r in rows)}"
+
+
+def _regime_ties_are_the_uniform_law() -> str:
+    ties = [r for r in _regime(64) if "~" in r["winner"]]
+    ok = {r["difficulty"] for r in ties} == {"uniform"} and all(
+        set(r["winner"].replace(" ~ ", "/").split("/")) == {"uniform", "sera"} for r in ties)
+    return _claim(ok, f"{len(ties)}", "the pass@64 ties are not the uniform law's")
+
+
+def _regime_range(k: int, fn, untied: bool = False) -> str:
+    rows = [r for r in _regime(k) if not (untied and "~" in r["winner"])]
+    return f"{fn(r['paired'].mean for r in rows):+.2f}"
+
+
+def _aa_final_max() -> float:
+    return max(abs(lab()[f]["vs_uniform"]["uniform_aa"][k].mean) for f in ("main", "maze")
+               for k in _lab_config()["report"]["table_ks"])
+
+
+def _stamp(field: str) -> float:
+    return _lab_data()["stamp"][field]
+
+
+def _aa(family: str) -> tuple[int, int]:
+    return lab()[family]["aa"]
+
+
+def _fmt(x: float, spec: str) -> str:
+    return format(x, spec)
+
+
+LAB_VERDICT: list[Derivation] = [
+    ("answer task lr", lambda: f"{_lab_config()['rl']['optimizer']['learning_rate']}"),
+    *_lab_gate("main", "answer gate (uniform − null pass@1)"),
+    *_lab_ci("main", "vs_null", "uniform", 256, "uniform − null pass@256"),
+    ("start held-out pass@256, %", lambda: f"{lab()['main']['start'][256]:.1f}"),
+    ("null final held-out pass@256, %", lambda: f"{lab()['main']['final']['null'][256]:.1f}"),
+    *_lab_ci("main", "vs_uniform", "sera", 1, "SERA − uniform pass@1"),
+    *_lab_ci("main", "vs_uniform", "sera", 64, "SERA − uniform pass@64"),
+    *_lab_ci("main", "vs_uniform", "sera", 256, "SERA − uniform pass@256"),
+    *_lab_ci("main", "vs_null", "sera", 256, "SERA − null pass@256"),
+    ("uniform − null pass@256", lambda: f"{lab()['main']['vs_null']['uniform'][256].mean:+.2f}"),
+    ("SERA variants' largest gap to SERA", lambda: f"{_lab_max_gap(SERA_VARIANTS, 'sera'):.2f}"),
+    ("peers' largest gap to uniform", lambda: f"{_lab_max_gap(PEERS, 'uniform'):.2f}"),
+    ("maze start held-out pass@256, %", lambda: f"{lab()['maze']['start'][256]:.1f}"),
+    ("maze uniform final pass@256, %", lambda: f"{lab()['maze']['final']['uniform'][256]:.1f}"),
+    ("maze null final pass@256, %", lambda: f"{lab()['maze']['final']['null'][256]:.1f}"),
+    ("maze lr", lambda: f"{_lab_config()['maze_family']['learning_rate']}"),
+    ("maze SERA − uniform pass@256 (no difference)",
+     lambda: _claim(not lab()["maze"]["vs_uniform"]["sera"][256].significant,
+                    f"{lab()['maze']['vs_uniform']['sera'][256].mean:+.2f}",
+                    "SERA − uniform pass@256 differs from 0 on the maze family")),
+    *_lab_ci("maze", "vs_uniform", "sera", 256, "maze SERA − uniform pass@256")[1:],
+    ("maze SERA − uniform pass@64 (no difference)",
+     lambda: _claim(not lab()["maze"]["vs_uniform"]["sera"][64].significant,
+                    f"{lab()['maze']['vs_uniform']['sera'][64].mean:+.2f}",
+                    "SERA − uniform pass@64 differs from 0 on the maze family")),
+    *_lab_ci("maze", "vs_uniform", "sera", 64, "maze SERA − uniform pass@64")[1:],
+    *_lab_ci("maze", "vs_uniform", "sera", 1, "maze SERA − uniform pass@1"),
+    ("uniform and SERA − null at maze pass@256 (equal when rounded)",
+     lambda: _claim(len({f"{lab()['maze']['vs_null'][a][256].mean:.1f}"
+                         for a in ("uniform", "sera")}) == 1,
+                    f"{lab()['maze']['vs_null']['sera'][256].mean:.1f}",
+                    "uniform and SERA differ from the null by different amounts")),
+    *_lab_ci("maze", "vs_uniform", "sera_no_multiplicity", 256,
+             "maze no-multiplicity − uniform pass@256"),
+    *_lab_ci("maze", "vs_uniform", "sera_no_multiplicity", 1,
+             "maze no-multiplicity − uniform pass@1"),
+    ("regime laws", lambda: f"{len(_lab_config()['regime']['difficulties'])}"),
+    ("regime shapes", lambda: f"{len(_lab_config()['regime']['shapes'])}"),
+    ("regime steps", lambda: f"{_lab_config()['regime']['num_steps']}"),
+    ("regime lr (the main cell's)", lambda: f"{_lab_config()['rl']['optimizer']['learning_rate']}"),
+    ("regime cells where uniform is best at pass@1", lambda: _claim(
+        _regime_wins(1) == f"{len(_regime(1))}", _regime_wins(1), "uniform not best everywhere")),
+    ("SERA − uniform pass@1, largest", lambda: _regime_range(1, max)),
+    ("... smallest", lambda: _regime_range(1, min)),
+    ("regime cells where uniform is best at pass@64", lambda: _regime_wins(64)),
+    ("pass@64 ties, all under the uniform law", _regime_ties_are_the_uniform_law),
+    ("SERA − uniform pass@64 outside the ties, largest",
+     lambda: _claim(_regime_above_null(), _regime_range(64, max, True),
+                    "an arm is not above the null in some regime cell")),
+    ("... smallest", lambda: _regime_range(64, min, True)),
+    *_lab_gate("main", "answer gate"),
+    *_lab_gate("maze", "maze gate"),
+    ("A/A cells flagged, answer task", lambda: f"{_aa('main')[0]}"),
+    ("A/A cells, answer task", lambda: f"{_aa('main')[1]}"),
+    ("... %", lambda: f"{100 * _aa('main')[0] / _aa('main')[1]:.1f}"),
+    ("A/A cells flagged, maze family", lambda: f"{_aa('maze')[0]}"),
+    ("A/A cells, maze family", lambda: f"{_aa('maze')[1]}"),
+    ("... %", lambda: f"{100 * _aa('maze')[0] / _aa('maze')[1]:.1f}"),
+    ("nominal rate, %", given("5", "the CI level's complement (95 % intervals)")),
+    ("largest final A/A difference", lambda: f"{_aa_final_max():.2f}"),
+    ("wall time of the command, s", lambda: f"{_stamp('wall_time_s'):.0f}"),
+    ("... min", lambda: f"{int(round(_stamp('wall_time_s')) // 60)}"),
+    ("... s", lambda: f"{int(round(_stamp('wall_time_s')) % 60)}"),
+    ("inside the study, s", lambda: f"{_stamp('study_wall_s'):.0f}"),
+    ("main cell, s", lambda: f"{_stamp('main_cell_s'):.0f}"),
+    ("CPU time, s", lambda: f"{_stamp('cpu_time_s'):.0f}"),
+    ("the target, min", lambda: _claim(_stamp("wall_time_s") <= 7 * 60, "7",
+                                       "the run took more than 7 minutes")),
+    ("nice level", given("19", "the command's nice -n 19 (stamp.json's command)")),
+    ("load average during the run, min", lambda: f"{_stamp('load_1min_samples')['min']:.1f}"),
+    ("... max", lambda: f"{_stamp('load_1min_samples')['max']:.1f}"),
+]
+
+#: Shortest-path bins of the notes (inclusive); together they must cover every L in the data.
+L_BINS = ((2, 3), (4, 5), (6, 7), (8, 9), (10, 11), (12, 12))
+
+
+def _p_by_length(lo: int, hi: int) -> float:
+    p, length = lab()["p0"]["maze"], lab()["p0"]["length"]
+    assert {int(x) for x in np.unique(length)} == {
+        x for a, b in L_BINS for x in range(a, b + 1)}, np.unique(length)
+    return 100 * float(p[(length >= lo) & (length <= hi)].mean())
+
+
+def _bin(lo: int, hi: int, spec: str) -> list[Derivation]:
+    out: list[Derivation] = [(f"L bin {lo}-{hi}: low edge", lambda: f"{lo}")]
+    if hi != lo:
+        out.append((f"L bin {lo}-{hi}: high edge", lambda: f"{hi}"))
+    if spec == "≈0":
+        out.insert(0, (f"mean p at L {lo}-{hi}, % (≈ 0)",
+                       lambda: _claim(_p_by_length(lo, hi) < 0.005, "0", "not ≈ 0")))
+    else:
+        out.insert(0, (f"mean p at L {lo}-{hi}, %", lambda: format(_p_by_length(lo, hi), spec)))
+    return out
+
+
+def _lab_start(family: str, k: int) -> Derivation:
+    return (f"{family} start held-out pass@{k}, %", lambda: f"{lab()[family]['start'][k]:.1f}")
+
+
+def _maze_p0() -> np.ndarray:
+    return lab()["p0"]["maze"]
+
+
+def _diag(arm: str, column: str) -> Derivation:
+    return (f"{arm} {column}", lambda: f"{lab()['diag'][arm][column]:.3f}")
+
+
+def _regime_vs_null(fn) -> str:
+    return f"{fn(r['paired'].mean for r in _regime(1, 'null', 'uniform')):+.2f}"
+
+
+LAB_NOTES: list[Derivation] = [
+    *[_lab_start("main", k) for k in (1, 16, 256, 1024)],
+    ("steps", lambda: f"{_lab_config()['rl']['num_steps']}"),
+    ("epochs", lambda: f"{_lab_config()['rl']['num_steps'] * _lab_config()['rl']['prompts_per_step'] // _lab_config()['task']['num_train']}"),  # noqa: E501
+    ("training prompts", lambda: f"{_lab_config()['task']['num_train']}"),
+    ("rollouts per seed and arm", lambda: f"{_lab_config()['rl']['num_steps'] * _lab_config()['rl']['prompts_per_step'] * _lab_config()['rl']['rollouts_per_prompt']:,}"),  # noqa: E501
+    *[_lab_start("maze", k) for k in (1, 16, 256, 1024)],
+    ("maze initial p, seed 0 mean, %", lambda: f"{100 * _maze_p0()[0].mean():.1f}"),
+    ("... over all seeds, %", lambda: f"{100 * _maze_p0().mean():.1f}"),
+    ("seed 0's prompts below 1 %, %", lambda: f"{100 * (_maze_p0()[0] < 0.01).mean():.0f}"),
+    ("the threshold, %", given("1", "p < 0.01, the study's summary line")),
+    *_bin(2, 3, ".0f"), *_bin(4, 5, ".0f"), *_bin(6, 7, ".1f"), *_bin(8, 9, ".1f"),
+    *_bin(10, 11, ".2f"), *_bin(12, 12, "≈0"),
+    _diag("sera", "kappa_mean"), _diag("sera", "kappa_min"),
+    _diag("uniform", "kappa_mean"), _diag("uniform", "kappa_min"),
+    ("κ near 1 (its ceiling); SERA's κ lower on average, higher at the minimum", lambda: _claim(
+        lab()["diag"]["sera"]["kappa_mean"] < lab()["diag"]["uniform"]["kappa_mean"]
+        and lab()["diag"]["sera"]["kappa_min"] > lab()["diag"]["uniform"]["kappa_min"],
+        "1", "SERA's κ is not lower on average and higher at the minimum")),
+    _diag("sera", "cosine"), _diag("uniform", "cosine"),
+    ("regime lr", lambda: f"{_lab_config()['rl']['optimizer']['learning_rate']}"),
+    ("regime steps", lambda: f"{_lab_config()['regime']['num_steps']}"),
+    ("regime uniform − null pass@1, smallest", lambda: _regime_vs_null(min)),
+    ("... largest", lambda: _regime_vs_null(max)),
+    *_lab_ci("main", "vs_sera", "sera_posterior", 1, "sera_posterior − SERA pass@1"),
+    *_lab_ci("main", "vs_sera", "sera_posterior", 4, "sera_posterior − SERA pass@4"),
+    ("sera_sequential − SERA contains 0 at every k",
+     lambda: _claim(not any(lab()["main"]["vs_sera"]["sera_sequential"][k].significant
+                            for k in _lab_config()["report"]["table_ks"]), "0",
+                    "sera_sequential differs from SERA at some k")),
+]
+
+LAB_SECTIONS: dict[str, list[Derivation]] = {
+    "## The verdict": LAB_VERDICT,
+    "## Notes on the measured tables": LAB_NOTES,
+}
+
+
+@pytest.mark.parametrize("heading", sorted(LAB_SECTIONS))
+def test_lab_page_numbers_come_from_the_data(heading):
+    derivations = LAB_SECTIONS[heading]
+    text = _lab_section(heading)
+    # `numbers` does not read a number that ends a sentence ("... 1.36."): none may hide so.
+    hidden = re.findall(r"(?<![@\w.,])\d+(?:\.\d+)?\.(?=[\s)]|$)", text)
+    assert not hidden, f"numbers ending a sentence (unread, unchecked) in {heading!r}: {hidden}"
+    printed = numbers(text)
+    derived = [fn() for _, fn in derivations]
+    report = "\n".join(
+        f"  {label}: page {p!r}, data {d!r}{'' if p == d else '   <-- differs'}"
+        for (label, _), p, d in zip(derivations, printed, derived))
+    assert len(printed) == len(derived), (
+        f"docs/results_lab.md {heading!r} prints {len(printed)} numbers {printed}, the "
+        f"derivations give {len(derived)} {derived}:\n{report}")
+    assert printed == derived, f"docs/results_lab.md {heading!r} vs results/lab:\n{report}"
+
+
+LAB_ROW: list[Derivation] = [
+    ("paired seeds", lambda: f"{len(_lab_config()['compare']['seeds'])}"),
+    ("answer SERA − uniform pass@256 (no coverage gain in either family)",
+     lambda: _claim(all(lab()[f]["vs_uniform"]["sera"][256].lo <= 0 for f in ("main", "maze")),
+                    f"{lab()['main']['vs_uniform']['sera'][256].mean:+.2f}",
+                    "SERA gains coverage (pass@256) in a family")),
+    *_lab_ci("main", "vs_uniform", "sera", 256, "answer SERA − uniform pass@256")[1:],
+    ("answer SERA − uniform pass@1", lambda: f"{lab()['main']['vs_uniform']['sera'][1].mean:+.2f}"),
+    ("maze SERA − uniform pass@256 (n.s.)",
+     lambda: _claim(not lab()["maze"]["vs_uniform"]["sera"][256].significant,
+                    f"{lab()['maze']['vs_uniform']['sera'][256].mean:+.2f}",
+                    "the maze family's SERA − uniform pass@256 is significant")),
+    *_lab_ci("maze", "vs_uniform", "sera", 256, "maze SERA − uniform pass@256")[1:],
+    # The row's last number, the maze family's pass@1 (−1.36), ends a sentence, which
+    # `numbers` does not read: test_lab_readme_row_pass_at_1 checks it.
+]
+
+
+def test_lab_readme_row_pass_at_1():
+    """The README row's "pass@1 <Δ>" numbers (answer task, then maze family), read whether or
+    not a full stop follows them."""
+    row = next(r for c, r in readme_rows().items() if c.startswith("Allocation lab"))
+    printed = [m.replace("−", "-") for m in re.findall(r"pass@1 ([+\-−]\d+\.\d+)", row)]
+    assert printed == [f"{lab()[f]['vs_uniform']['sera'][1].mean:+.2f}"
+                       for f in ("main", "maze")], printed
+
+
 #: README rows (by the start of their first cell) whose numbers are derived from the data.
 TRACED: dict[str, tuple[str, list[Derivation]]] = {
     "Gradient alignment, digits": ("results/alignment/digits", ALIGNMENT_ROW),
     "Maze, 17×17": ("results/device/2026-12-04_h200", MAZE17_ROW),
     "Maze that must be read": ("results/maze/maze_cpu_read", MAZE_READ_ROW),
+
+
+    "Allocation lab": ("results/lab/cpu_default", LAB_ROW),
 }
 
 
