@@ -78,7 +78,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     table = None
     if stage in ("sft", "all", "regime"):
         stage_sft(cfg, workdir, mesh)
-    if stage in ("rl", "all", "compare", "frontier", "matched"):
+    if stage in ("rl", "all", "compare", "frontier", "matched", "regime"):
         # The validity gate: no RL comparison on a start a maze-blind guesser matches.
         require_readable(cfg, os.path.join(workdir, "sft"), f"--stage={stage}")
     if stage in ("rl", "all", "compare"):
