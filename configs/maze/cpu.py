@@ -2,7 +2,7 @@ r"""The long-horizon maze default (issue 26): SFT, then 400 RL steps of uniform 
 and SERA + evidence cap (8 paired seeds each), the null control (2 seeds) and the A/A
 control (4 seeds), evaluated along the curve; sized for 2 idle CPU cores.
 
-Why these numbers (`docs/results_maze.md`, "Long-horizon default"):
+Why these numbers (`docs/results_maze.md`, "9×9 long horizon: a task a blind guesser solves"):
 
 * 256 training mazes (9x9), 128 held-out ones: enough prompts that RL on the training set can
   move held-out mazes; P 32 x N0 8 = 256 rollouts a step, so an epoch is 8 steps and the

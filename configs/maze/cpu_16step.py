@@ -1,7 +1,8 @@
-"""The earlier, 16-step maze default (kept for the results it documents in
-docs/results_maze.md, "Earlier, 16-step regime"; the default is now `cpu.py`, the
-long-horizon one). Maze SFT -> RL (uniform MaxRL vs SERA, 5 seeds each, plus the null
-control) -> eval, sized for 2 CPU cores; RL barely moves the policy in 16 steps.
+"""The earlier, 16-step maze default (superseded; kept so its results can be re-run: they
+were reported in docs/results_maze.md's "Earlier, 16-step regime", now in the repository
+history, `git show 8c84c4e:docs/results_maze.md`). Maze SFT -> RL (uniform MaxRL vs SERA,
+5 seeds each, plus the null control) -> eval, sized for 2 CPU cores; RL barely moves the
+policy in 16 steps.
 
 9x9 perfect mazes (94-token prompts, answers <= 32 tokens), a 2-layer width-128 policy of
 the spec's architecture family, a short SFT (300 x 32) to a weak-to-moderate policy, then 16
