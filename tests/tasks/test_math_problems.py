@@ -171,5 +171,7 @@ def test_prompt_templates():
     assert data.format_prompt(q, "qwen") == (
         q + "\nPlease reason step by step, and put your final answer within \\boxed{}."
     )
+    assert data.format_prompt(q, "number") == q + " Answer with the number only."
+    assert data.format_prompt(q, "none") == q
     with pytest.raises(ValueError, match="template"):
         data.format_prompt(q, "llama")

@@ -39,6 +39,8 @@ PROMPT_TEMPLATES: dict[str, str] = {
     "qwen": "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
     # No instruction (e.g. few-shot prompts already in the question).
     "none": "{question}",
+    # Short answers for CPU RL of a small model (the grader reads the rightmost number).
+    "number": "{question} Answer with the number only.",
 }
 
 FORMATS = ("auto", "gsm8k", "math")
