@@ -1,124 +1,16 @@
-r"""Math pilot: how well does the start policy do on candidate task mixes, at the RL sampler?
-
-Issue 38 item 1: before RL can measurably learn on the CPU, the start policy's held-out
-pass@1 should be roughly 10-40 % with headroom at large k, and its answers short enough
-that few hit the token cap. For each named candidate (`CANDIDATES`: generator templates and
-step counts, prompt template, answer cap) this loads the policy of `--config` once and runs
-the study's own evaluation (`sera_jax.studies.math_reasoning.evaluate_policy`) on the first
-`eval.num_prompts` held-out problems x `eval.num_samples` samples at the RL sampler's
-temperature / top-p (`rl.sampling`), then prints pass@1 / pass@n, maj@n, truncation, mean
-answer length (tokens) and seconds per candidate.
+r"""Math pilot: the start policy on candidate task mixes at the RL sampler (issue 38 item 1;
+the recipe is `sera_jax.studies.math_pilot`).
 
     python -m experiments.math_pilot --config=configs/math/cpu.py --workdir=/tmp/math_pilot \
         --candidates=plain32,number24_s1 --config.eval.num_prompts=32 --config.eval.num_samples=8
-
-Each candidate's record is `<workdir>/<name>.json` (evaluate_policy's record plus the
-candidate's fields and the split sizes); a finished candidate is not re-run, so a killed
-command continues where it stopped. The task sizes are 128 train / 128 held-out problems
-(generator seed `task.seed`), or 96 / 96 where the templates cannot supply 128 (add, mul).
 """
-
-from __future__ import annotations
-
-import copy
-import os
-import time
-from typing import Any
-
 from absl import flags
 
-from sera_jax.studies import common
+from sera_jax.studies import common, math_pilot
 
-#: name -> task overrides (on the config's `task` block).
-CANDIDATES: dict[str, dict[str, Any]] = {
-    # The current CPU default's wording (one-step add/mul asked plainly), cap 32.
-    "plain32": dict(steps=(1,), templates="add,mul", template="none", max_new_tokens=32),
-    # One-step add/mul, "Answer with the number only.", cap 16.
-    "number16_addmul": dict(steps=(1,), templates="add,mul", template="number",
-                            max_new_tokens=16),
-    # All one-step templates (add, sub, mul, div), number only, cap 16.
-    "number16_s1": dict(steps=(1,), templates="", template="number", max_new_tokens=16),
-    # All one-step templates asked plainly, cap 32.
-    "plain32_s1": dict(steps=(1,), templates="", template="none", max_new_tokens=32),
-    # All one-step templates, number only, cap 24.
-    "number24_s1": dict(steps=(1,), templates="", template="number", max_new_tokens=24),
-}
-#: Problems per split, the first one the candidate's templates supply (issue 38 asks for
-#: >= 128 train and >= 128 held-out).
-SPLIT_SIZES = (128, 96, 64)
-
-_CANDIDATES = flags.DEFINE_list("candidates", ",".join(CANDIDATES),
-                                f"Comma-separated names of {sorted(CANDIDATES)}.")
-
-
-def candidate_config(cfg, name: str):
-    """`cfg` with candidate `name`'s task overrides, the most problems per split of
-    `SPLIT_SIZES` the templates can supply (add/mul has ~110 held-out contents) and the RL
-    sampler's temperature / top-p for the evaluation."""
-    from sera_jax.tasks.mathqa.task import load_splits
-
-    c = copy.deepcopy(cfg)
-    for field, value in CANDIDATES[name].items():
-        c.task[field] = value
-    for size in SPLIT_SIZES:
-        c.task.num_train = c.task.num_eval = size
-        try:
-            load_splits(c.task)
-            break
-        except ValueError:
-            continue
-    c.eval.temperature, c.eval.top_p = c.rl.sampling.temperature, c.rl.sampling.top_p
-    c.eval.top_k, c.eval.max_new_tokens = 0, 0
-    return c
-
-
-def run(cfg, workdir: str) -> dict[str, Any]:
-    from sera_jax.models.policy import load_policy
-    from sera_jax.records import read_json, write_json
-    from sera_jax.studies import math_reasoning as study
-    from sera_jax.tasks.mathqa.task import task_from_config
-
-    unknown = sorted(set(_CANDIDATES.value) - set(CANDIDATES))
-    if unknown:
-        raise common.StudyError(f"--candidates: unknown {unknown}; known: {sorted(CANDIDATES)}")
-    workdir = common.prepare_workdir(workdir)
-    model, tokenizer, mesh = None, None, study.make_mesh(cfg)
-    records = {}
-    for name in _CANDIDATES.value:
-        path = os.path.join(workdir, f"{name}.json")
-        if os.path.exists(path):
-            records[name] = read_json(path)
-            continue
-        c = candidate_config(cfg, name)
-        if model is None:
-            t0 = time.perf_counter()
-            model, tokenizer = load_policy(c.model, mesh)
-            print(f"model loaded in {time.perf_counter() - t0:.0f} s", flush=True)
-        task = task_from_config(c.task, tokenizer)
-        record = study.evaluate_policy(model, task, c, mesh, examples=3)
-        record.update(candidate=name, task=dict(CANDIDATES[name]),
-                      num_train=task.split_size("train"), num_eval=task.split_size("eval"),
-                      prompt_len_max=int(task.max_prompt_len))
-        write_json(path, record)
-        records[name] = record
-        print(table({name: record}), flush=True)
-    return {"records": records, "summary": table(records)}
-
-
-def table(records: dict[str, dict]) -> str:
-    """Markdown: one row per candidate (percent; length in tokens; seconds of evaluation)."""
-    lines = ["| candidate | train / held-out | pass@1 | pass@n | maj@n | truncated | "
-             "mean length | eval s |", "|---|---|---|---|---|---|---|---|"]
-    for name, r in records.items():
-        n = str(r["num_samples"])
-        maj = "–" if r["maj_at_n"] is None else f"{100 * r['maj_at_n']:.1f}"
-        lines.append(
-            f"| {name} | {r['num_train']} / {r['num_eval']} | "
-            f"{100 * r['pass_at_k']['1']:.1f} | {100 * r['pass_at_k'][n]:.1f} (n={n}) | {maj} "
-            f"| {100 * r['truncated_fraction']:.1f}% | {r['mean_length']:.1f} | "
-            f"{r['seconds']:.0f} |")
-    return "\n".join(lines) + "\n"
-
+_CANDIDATES = flags.DEFINE_list("candidates", ",".join(math_pilot.CANDIDATES),
+                                f"Comma-separated names of {sorted(math_pilot.CANDIDATES)}.")
 
 if __name__ == "__main__":
-    common.binary(run, "configs/math/cpu.py")
+    common.binary(lambda config, workdir: print(
+        math_pilot.run(config, workdir, _CANDIDATES.value)["summary"]), "configs/math/cpu.py")

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from experiments import math_pilot
 from sera_jax import config_files
+from sera_jax.studies import math_pilot
 from sera_jax.studies import math_reasoning as mr
 from sera_jax.tasks.mathqa import problems
 from sera_jax.tasks.mathqa import task as math_task
