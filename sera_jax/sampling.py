@@ -49,7 +49,7 @@ from sera_jax.estimators import segment_ids_from_counts
 from sera_jax.models.attention import map_row_chunks
 from sera_jax.models.configs import DTYPE_NAMES
 from sera_jax.models.decoder import KVCache, init_cache, positions_from_mask
-from sera_jax.sampling_draw import first_argmax, gumbel_max, token_logprob
+from sera_jax.sampling_draw import first_argmax, gumbel_max, inverse_cdf, token_logprob
 
 # Weight of a filtered-out token: -inf gives exact zeros in softmax / categorical.
 _NEG_INF = -jnp.inf
@@ -59,7 +59,7 @@ _PREFILL_CHUNK_TOKENS = 2048
 #: Decode steps per phase: phase i attends to the cache slots it can reach only.
 _DECODE_PHASE_STEPS = 48
 #: `SamplingConfig.token_draw` values.
-TOKEN_DRAWS = ("fast", "reference")
+TOKEN_DRAWS = ("fast", "reference", "inverse_cdf")
 #: At most this many phases (each one is another compiled copy of the decode step).
 _MAX_DECODE_PHASES = 4
 
@@ -87,7 +87,10 @@ class SamplingConfig:
       token_draw: "fast" (`sera_jax.sampling_draw`: fewer full-vocabulary passes) or
         "reference" (`jax.random.categorical` / `jnp.argmax` / `log_softmax`, the code
         before it, kept as the benchmarks' baseline). Both give the same tokens for the
-        same keys and the same log-probs up to float rounding.
+        same keys and the same log-probs up to float rounding. "inverse_cdf"
+        (`sampling_draw.inverse_cdf`): the same distribution from one uniform per row
+        instead of a [V] Gumbel noise vector, so other tokens for the same key (greedy: as
+        "fast").
     """
 
     max_new_tokens: int
@@ -215,8 +218,9 @@ def sample_tokens(
     `logprobs = log_softmax(logits)[token]` (temperature 1, unfiltered) and
     `sampling_logprobs = log_softmax(filter_logits(logits))[token]` (0 for greedy).
     The token is `jax.random.categorical(keys[r], filter_logits(logits)[r])` (argmax when
-    greedy) under either `config.token_draw`; "fast" evaluates it with fewer passes over
-    the vocabulary (`sera_jax.sampling_draw`).
+    greedy) with `config.token_draw` "reference" or "fast" ("fast" evaluates it with fewer
+    passes over the vocabulary, `sera_jax.sampling_draw`); "inverse_cdf" draws from the
+    same distribution with other random numbers.
     """
     logits = logits.astype(jnp.float32)
     if config.token_draw == "reference":
@@ -229,7 +233,8 @@ def sample_tokens(
     # Plain sampling draws from the logits themselves (filter_logits would return
     # `logits / 1.0`, the same values): one log-prob serves both outputs.
     filtered = logits if plain else filter_logits(logits, config)
-    tokens = gumbel_max(keys, filtered)
+    draw = inverse_cdf if config.token_draw == "inverse_cdf" else gumbel_max
+    tokens = draw(keys, filtered)
     logprobs = token_logprob(logits, tokens)
     return tokens, logprobs, logprobs if plain else token_logprob(filtered, tokens)
 
