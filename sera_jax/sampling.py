@@ -49,6 +49,7 @@ from sera_jax.estimators import segment_ids_from_counts
 from sera_jax.models.attention import map_row_chunks
 from sera_jax.models.configs import DTYPE_NAMES
 from sera_jax.models.decoder import KVCache, init_cache, positions_from_mask
+from sera_jax.sampling_draw import first_argmax, gumbel_max, inverse_cdf, token_logprob
 
 # Weight of a filtered-out token: -inf gives exact zeros in softmax / categorical.
 _NEG_INF = -jnp.inf
@@ -57,6 +58,8 @@ _NEG_INF = -jnp.inf
 _PREFILL_CHUNK_TOKENS = 2048
 #: Decode steps per phase: phase i attends to the cache slots it can reach only.
 _DECODE_PHASE_STEPS = 48
+#: `SamplingConfig.token_draw` values.
+TOKEN_DRAWS = ("fast", "reference", "inverse_cdf")
 #: At most this many phases (each one is another compiled copy of the decode step).
 _MAX_DECODE_PHASES = 4
 
@@ -81,6 +84,13 @@ class SamplingConfig:
         compute dtype (`init_cache`'s default), or the dtype of the cache passed to
         `generate_with_cache`. A bfloat16 cache halves the cache memory a decode step
         streams; attention still runs in the model's compute dtype.
+      token_draw: "fast" (`sera_jax.sampling_draw`: fewer full-vocabulary passes) or
+        "reference" (`jax.random.categorical` / `jnp.argmax` / `log_softmax`, the code
+        before it, kept as the benchmarks' baseline). Both give the same tokens for the
+        same keys and the same log-probs up to float rounding. "inverse_cdf"
+        (`sampling_draw.inverse_cdf`): the same distribution from one uniform per row
+        instead of a [V] Gumbel noise vector, so other tokens for the same key (greedy: as
+        "fast").
     """
 
     max_new_tokens: int
@@ -91,6 +101,7 @@ class SamplingConfig:
     stop_ids: tuple[int, ...] = ()
     pad_id: int = 0
     cache_dtype: str | None = None
+    token_draw: str = "fast"
 
     def __post_init__(self):
         if int(self.max_new_tokens) < 1:
@@ -106,6 +117,8 @@ class SamplingConfig:
         if self.cache_dtype is not None and self.cache_dtype not in DTYPE_NAMES:
             raise ValueError(f"cache_dtype={self.cache_dtype!r} must be None or one of "
                              f"{DTYPE_NAMES}")
+        if self.token_draw not in TOKEN_DRAWS:
+            raise ValueError(f"token_draw={self.token_draw!r} must be one of {TOKEN_DRAWS}")
         # Normalise so equal configs hash equal (a list or numpy ints would break jit caching).
         object.__setattr__(self, "stop_ids", tuple(int(s) for s in self.stop_ids))
 
@@ -204,8 +217,30 @@ def sample_tokens(
     `keys[r]` and `logits[r]`. Returns `(tokens int32[B], logprobs, sampling_logprobs)`:
     `logprobs = log_softmax(logits)[token]` (temperature 1, unfiltered) and
     `sampling_logprobs = log_softmax(filter_logits(logits))[token]` (0 for greedy).
+    The token is `jax.random.categorical(keys[r], filter_logits(logits)[r])` (argmax when
+    greedy) with `config.token_draw` "reference" or "fast" ("fast" evaluates it with fewer
+    passes over the vocabulary, `sera_jax.sampling_draw`); "inverse_cdf" draws from the
+    same distribution with other random numbers.
     """
     logits = logits.astype(jnp.float32)
+    if config.token_draw == "reference":
+        return _sample_tokens_reference(logits, keys, config)
+    if config.greedy:
+        tokens = first_argmax(logits)
+        return tokens, token_logprob(logits, tokens), jnp.zeros(tokens.shape, jnp.float32)
+    plain = (config.temperature == 1.0 and config.top_p >= 1.0
+             and not 0 < config.top_k < logits.shape[-1])
+    # Plain sampling draws from the logits themselves (filter_logits would return
+    # `logits / 1.0`, the same values): one log-prob serves both outputs.
+    filtered = logits if plain else filter_logits(logits, config)
+    draw = inverse_cdf if config.token_draw == "inverse_cdf" else gumbel_max
+    tokens = draw(keys, filtered)
+    logprobs = token_logprob(logits, tokens)
+    return tokens, logprobs, logprobs if plain else token_logprob(filtered, tokens)
+
+
+def _sample_tokens_reference(logits, keys, config):
+    """`sample_tokens` before `sampling_draw` (`token_draw="reference"`): the baseline."""
     if config.greedy:
         tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         sampling_logprobs = jnp.zeros(tokens.shape, jnp.float32)

@@ -255,3 +255,18 @@ def test_adamw_update_bench_runs():
     for row in rows:
         cells = _cells(row)
         assert float(cells[1]) > 0 and cells[3].endswith("x"), row
+
+
+@pytest.mark.slow
+def test_smollm2_decode_bench_smoke():
+    """The three token draws of the decode benchmark at smoke size (the random maze
+    policy): fast == reference tokens, a row each with a number (not checked: at this size
+    the decode is a difference of two tiny times) and a speed-up cell."""
+    out = _bench("smollm2_decode_bench.py", "--model=maze", "--batch=4", "--prompt_len=8",
+                 "--new_tokens=4", "--repeats=1")
+    assert "fast and reference draw the same tokens: True" in out, out
+    rows = [line for line in out.splitlines()
+            if line.startswith(("| reference", "| fast", "| inverse_cdf"))]
+    assert len(rows) == 3, out
+    for row in rows:
+        assert math.isfinite(float(_cells(row)[3])) and _cells(row)[5].endswith("x"), row

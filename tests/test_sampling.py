@@ -1,6 +1,8 @@
 """Tests of sera_jax.sampling: filtering, padding invariance, stops, early exit, log-probs,
 donated-cache reuse and sharding."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,6 +30,7 @@ from sera_jax.sampling import (
     left_pad,
     sample_tokens,
 )
+from sera_jax.sampling_draw import _first_above, first_argmax, inverse_cdf, token_logprob
 
 VOCAB = 32
 TINY = DecoderConfig(
@@ -108,7 +111,8 @@ def test_top_p_on_a_large_vocabulary_matches_reference(scale):
         np.testing.assert_array_equal(np.isinf(got[row]), np.isinf(want))
 
 
-def test_sample_frequencies_follow_filtered_distribution():
+@pytest.mark.parametrize("draw", ["fast", "inverse_cdf"])
+def test_sample_frequencies_follow_filtered_distribution(draw):
     """Controlled distribution: p = (.5, .25, .15, .1) with top_p = .7 keeps {0, 1} -> (2/3, 1/3);
     top_k = 3 at T = 2 keeps {0, 1, 2} with probabilities proportional to sqrt(p)."""
     p = np.array([0.5, 0.25, 0.15, 0.1])
@@ -116,10 +120,11 @@ def test_sample_frequencies_follow_filtered_distribution():
     logits = jnp.tile(jnp.log(jnp.asarray(p, jnp.float32)), (n, 1))
     keys = jax.random.split(jax.random.key(3), n)
     cases = [
-        (SamplingConfig(max_new_tokens=1, top_p=0.7), np.array([2 / 3, 1 / 3, 0, 0])),
-        (SamplingConfig(max_new_tokens=1, top_k=3, temperature=2.0),
+        (SamplingConfig(max_new_tokens=1, top_p=0.7, token_draw=draw),
+         np.array([2 / 3, 1 / 3, 0, 0])),
+        (SamplingConfig(max_new_tokens=1, top_k=3, temperature=2.0, token_draw=draw),
          np.sqrt(p) * np.array([1, 1, 1, 0]) / np.sqrt(p)[:3].sum()),
-        (SamplingConfig(max_new_tokens=1), p),
+        (SamplingConfig(max_new_tokens=1, token_draw=draw), p),
     ]
     for cfg, expected in cases:
         tokens, lp, slp = sample_tokens(logits, keys, cfg)
@@ -138,6 +143,84 @@ def test_greedy_is_argmax_with_zero_sampling_logprob():
     np.testing.assert_array_equal(tokens, jnp.argmax(logits, -1))
     np.testing.assert_allclose(lp, jnp.max(jax.nn.log_softmax(logits), -1), rtol=1e-6)
     assert not np.asarray(slp).any()
+
+
+# ----------------------------------------------- fast token draw == the reference draw
+
+DRAW_CASES = [
+    dict(),
+    dict(greedy=True),
+    dict(temperature=0.6),
+    dict(temperature=0.7, top_p=0.9),
+    dict(top_k=5, temperature=1.3),
+    dict(top_k=40, top_p=0.8),
+]
+
+
+@pytest.mark.parametrize("kwargs", DRAW_CASES, ids=lambda kw: str(kw) or "plain")
+def test_fast_token_draw_matches_reference(kwargs):
+    """token_draw="fast" (sampling_draw) gives the tokens of the reference draw
+    (`jax.random.categorical` / `jnp.argmax`) for the same keys, and its log-probs."""
+    logits = 3.0 * jax.random.normal(jax.random.key(1), (64, 1000))
+    keys = jax.random.split(jax.random.key(2), 64)
+    fast = sample_tokens(logits, keys, SamplingConfig(max_new_tokens=1, **kwargs))
+    ref = sample_tokens(logits, keys,
+                        SamplingConfig(max_new_tokens=1, token_draw="reference", **kwargs))
+    np.testing.assert_array_equal(fast[0], ref[0])
+    for got, want in zip(fast[1:], ref[1:]):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert len(np.unique(np.asarray(fast[0]))) > 8  # a real draw, not one token
+
+
+def test_inverse_cdf_draws_the_softmax_distribution_over_blocks():
+    """The two-level inversion over a vocabulary of several (padded) blocks: frequencies
+    within 5 standard errors of softmax(x) on every token, never a -inf (filtered) token."""
+    vocab, n = 600, 40_000  # 3 blocks of 256, the last one padded
+    x = jnp.where(jnp.arange(vocab) % 7 == 0, -jnp.inf,
+                  jax.random.normal(jax.random.key(5), (vocab,)))
+    x = x.at[jnp.asarray([3, 300, 599])].set(3.0)  # mass in every block
+    keys = jax.random.split(jax.random.key(6), n)
+    tokens = np.asarray(inverse_cdf(keys, jnp.tile(x, (n, 1))))
+    p = np.asarray(jax.nn.softmax(x))
+    freq = np.bincount(tokens, minlength=vocab) / n
+    assert not freq[p == 0].any()
+    assert (np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / n) + 1e-9).all()
+
+
+def test_first_above_never_returns_a_massless_index():
+    cum = jnp.asarray([[1.0, 2.0, 2.0, 3.0], [1.0, 2.0, 2.0, 2.0], [1.0, 2.0, 2.0, 3.0]])
+    positive = jnp.asarray([[1, 1, 0, 1], [1, 1, 0, 0], [1, 1, 0, 1]], bool)
+    u = jnp.asarray([2.0, 2.0, 0.5])  # row 1: u at the (rounded) total -> last with mass
+    np.testing.assert_array_equal(_first_above(cum, u, positive), [3, 1, 0])
+
+
+def test_first_argmax_is_argmax_with_ties_and_infinities():
+    x = jnp.asarray([[1.0, 3.0, 3.0, 2.0], [-jnp.inf] * 4, [0.0, 0.0, 0.0, 0.0],
+                     [-jnp.inf, 5.0, jnp.inf, jnp.inf]])
+    np.testing.assert_array_equal(first_argmax(x), jnp.argmax(x, axis=-1))
+    y = jax.random.normal(jax.random.key(0), (3, 5, 257))
+    np.testing.assert_array_equal(first_argmax(y), jnp.argmax(y, axis=-1))
+
+
+def test_token_logprob_is_log_softmax_gathered():
+    logits = 5.0 * jax.random.normal(jax.random.key(4), (6, 300))
+    tokens = jnp.asarray([0, 299, 17, 5, 100, 17], jnp.int32)
+    want = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), tokens[:, None], -1)[:, 0]
+    np.testing.assert_allclose(token_logprob(logits, tokens), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("cfg", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_generate_fast_draw_matches_reference_draw(model, cfg):
+    """The whole sampler with the fast draw == with the reference draw (today's baseline
+    of benchmarks/smollm2_decode_bench.py), tokens exactly, log-probs to rounding."""
+    tokens, mask = _batch()
+    key = jax.random.key(11)
+    fast = generate(model, tokens, mask, key, cfg)
+    ref = generate(model, tokens, mask, key, dataclasses.replace(cfg, token_draw="reference"))
+    np.testing.assert_array_equal(fast.tokens, ref.tokens)
+    np.testing.assert_array_equal(fast.lengths, ref.lengths)
+    np.testing.assert_allclose(fast.logprobs, ref.logprobs, atol=1e-6)
+    np.testing.assert_allclose(fast.sampling_logprobs, ref.sampling_logprobs, atol=1e-6)
 
 
 # ------------------------------------------------------------------- padding invariance
@@ -490,6 +573,7 @@ def test_scanned_layers_sample_the_same_tokens(model, monkeypatch):
         (dict(max_new_tokens=4, top_p=0.0), "top_p=0.0"),
         (dict(max_new_tokens=4, top_p=1.5), "top_p=1.5"),
         (dict(max_new_tokens=4, top_k=-1), "top_k=-1"),
+        (dict(max_new_tokens=4, token_draw="gumbel"), "token_draw='gumbel'"),
     ],
 )
 def test_config_validation(kwargs, match):
