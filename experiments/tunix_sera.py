@@ -6,8 +6,15 @@ arithmetic problems through tunix's JAX rollout, uniform (MaxRL) and SERA from o
   python -m experiments.tunix_sera --workdir=/tmp/tunix_sera \
       [--config.compare.methods="('sera',)"] [--config.rl.num_steps=4]
 
-Prints each step's prompt ids, p_hat, counts N_q, mean reward and generated rollouts per
-method (also written to summary.md); tunix checkpoints go to <workdir>/<method>/.
+The real-model example: the embedded SmolLM2-135M-Instruct in tunix's Llama-3 on arithmetic
+word problems (`make smollm2` first; docs/tunix.md has its measured step time):
+
+  python -m experiments.tunix_sera --config=configs/tunix/smollm2_math.py \
+      --workdir=/tmp/tunix_smollm2
+
+Prints each step's prompt ids, p_hat, counts N_q, mean reward, mean completion length and
+generated rollouts per method (also written to summary.md and records.json); tunix
+checkpoints go to <workdir>/<method>/.
 """
 
 from sera_jax.integrations.tunix import example

