@@ -30,6 +30,9 @@ import ml_collections
 
 from sera_jax.studies import common
 
+_BARE = "bare_add,bare_sub,bare_mul"
+_SMALL = "small_add,small_sub,small_mul"
+
 #: name -> task overrides (on the config's `task` block).
 CANDIDATES: dict[str, dict[str, Any]] = {
     # The current CPU default's wording (one-step add/mul asked plainly), cap 32.
@@ -43,6 +46,27 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "plain32_s1": dict(steps=(1,), templates="", template="none", max_new_tokens=32),
     # All one-step templates, number only, cap 24.
     "number24_s1": dict(steps=(1,), templates="", template="number", max_new_tokens=24),
+    # Bare arithmetic ("What is 48 + 23?", "What is 52 - 33?", "What is 17 x 2?"), number
+    # only, cap 16, stopping at the first newline token.
+    "bare16_nl": dict(steps=(1,), templates=_BARE, template="number", max_new_tokens=16,
+                      stop_at_newline=True),
+    # The same at cap 12.
+    "bare12_nl": dict(steps=(1,), templates=_BARE, template="number", max_new_tokens=12,
+                      stop_at_newline=True),
+    # Bare add / sub only (no two-digit x one-digit products), cap 16, newline stop.
+    "bare16_nl_addsub": dict(steps=(1,), templates="bare_add,bare_sub", template="number",
+                             max_new_tokens=16, stop_at_newline=True),
+    # Control: bare arithmetic at cap 16 without the newline stop.
+    "bare16": dict(steps=(1,), templates=_BARE, template="number", max_new_tokens=16),
+    # Small bare arithmetic (numbers up to 25, times tables to 12 x 9), cap 16, newline stop.
+    "small16_nl": dict(steps=(1,), templates=_SMALL, template="number", max_new_tokens=16,
+                       stop_at_newline=True),
+    # The same at cap 8 (an answer of up to 3 digits and its newline fits).
+    "small8_nl": dict(steps=(1,), templates=_SMALL, template="number", max_new_tokens=8,
+                      stop_at_newline=True),
+    # The same at cap 24.
+    "small24_nl": dict(steps=(1,), templates=_SMALL, template="number", max_new_tokens=24,
+                       stop_at_newline=True),
 }
 #: Problems per split, the first one the candidate's templates supply (issue 38 asks for
 #: >= 128 train and >= 128 held-out).

@@ -206,6 +206,8 @@ def validate_task(cfg: ml_collections.ConfigDict) -> None:
     c(t.template in PROMPT_TEMPLATES, "task.template", t.template,
       f"one of {sorted(PROMPT_TEMPLATES)}")
     c(validation.is_bool(t.chat), "task.chat", t.chat, "True or False")
+    c(validation.is_bool(t.get("stop_at_newline", False)), "task.stop_at_newline",
+      t.get("stop_at_newline"), "True or False")
     c(t.system is None or isinstance(t.system, str), "task.system", t.system,
       "None (the model's default) or a string")
     c(pos(t.max_new_tokens), "task.max_new_tokens", t.max_new_tokens, "an integer >= 1")

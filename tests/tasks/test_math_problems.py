@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sera_jax.tasks.mathqa import data, problems
+from sera_jax.tasks.mathqa import data, grader, problems
 
 # ---------------------------------------------------------------------------- generator
 
@@ -24,6 +24,12 @@ _RECOMPUTE = {
     "change": lambda a, b, c, d, e: e - a * b - c * d,
     "farm": lambda a, b, c: a + b * a - c,
     "pages": lambda d, a, b, c: d - a * b - c,
+    "bare_add": lambda a, b: a + b,
+    "bare_sub": lambda a, b: a - b,
+    "bare_mul": lambda a, b: a * b,
+    "small_add": lambda a, b: a + b,
+    "small_sub": lambda a, b: a - b,
+    "small_mul": lambda a, b: a * b,
 }
 
 
@@ -43,8 +49,12 @@ def test_generator_is_deterministic(generated):
 def test_sizes_levels_and_templates(generated):
     assert len(generated["train"]) == 600 and len(generated["test"]) == 200
     assert {p.level for p in generated["train"]} == {1, 2, 3}
-    assert {p.meta["template"] for p in generated["train"]} == set(problems.TEMPLATE_NAMES)
-    assert len(problems.TEMPLATE_NAMES) >= 6
+    # Without `templates`: the word problems only (bare arithmetic is drawn when named).
+    assert {p.meta["template"] for p in generated["train"]} == set(
+        problems.WORD_TEMPLATE_NAMES)
+    assert len(problems.WORD_TEMPLATE_NAMES) >= 6
+    assert set(problems.TEMPLATE_NAMES) == (set(problems.WORD_TEMPLATE_NAMES)
+                                            | set(problems.BARE_TEMPLATE_NAMES))
     only_one_step = problems.generate_arithmetic(20, 5, seed=0, steps=(1,))
     assert {p.level for p in only_one_step["train"] + only_one_step["test"]} == {1}
     sums = problems.generate_arithmetic(20, 5, seed=0, templates=("add", "mul"))
@@ -70,6 +80,64 @@ def test_answers_recomputed_from_the_question_text(generated):
         expected = _RECOMPUTE[p.meta["template"]](*numbers)
         assert float(p.answer) == expected, p
         assert expected >= 0 and float(expected).is_integer(), p
+
+
+_WIDE = ("bare_add", "bare_sub", "bare_mul")
+_SMALL = ("small_add", "small_sub", "small_mul")
+
+
+@pytest.fixture(scope="module", params=[_WIDE, _SMALL], ids=["bare", "small"])
+def bare(request):
+    return problems.generate_arithmetic(128, 128, seed=0, steps=(1,), templates=request.param)
+
+
+def _keys(ps):
+    return {problems.content_key(p.meta["template"], p.meta["operands"]) for p in ps}
+
+
+def test_bare_arithmetic_templates(bare):
+    assert problems.BARE_TEMPLATE_NAMES == _WIDE + _SMALL
+    names = {p.meta["template"] for p in bare["train"]}
+    assert names in ({*_WIDE}, {*_SMALL})
+    again = problems.generate_arithmetic(128, 128, seed=0, steps=(1,), templates=sorted(names))
+    assert [p.question for p in again["train"] + again["test"]] == [
+        p.question for p in bare["train"] + bare["test"]]  # deterministic
+    assert len(bare["train"]) == len(bare["test"]) == 128
+    assert {p.level for p in bare["train"] + bare["test"]} == {1}
+    train, test = _keys(bare["train"]), _keys(bare["test"])
+    assert len(train) == len(test) == 128 and not train & test
+    assert not {p.question for p in bare["train"]} & {p.question for p in bare["test"]}
+    symbol = {"add": "+", "sub": "-", "mul": "x"}
+    for p in bare["train"] + bare["test"]:
+        a, b = (int(x) for x in re.findall(r"\d+", p.question))
+        assert p.question == f"What is {a} {symbol[p.meta['template'][-3:]]} {b}?", p
+        assert int(p.answer) == _RECOMPUTE[p.meta["template"]](a, b) >= 1, p
+        assert a >= b >= 1, p  # larger first: no content is another with its operands swapped
+    # The split follows the content, whatever the seed.
+    other = problems.generate_arithmetic(128, 128, seed=5, templates=sorted(names))
+    assert not _keys(other["train"]) & test and not _keys(other["test"]) & train
+
+
+def test_wide_bare_templates_each_supply_128_held_out():
+    for name in _WIDE:
+        one = problems.generate_arithmetic(128, 128, seed=1, templates=(name,))
+        assert not _keys(one["train"]) & _keys(one["test"])
+        ops = [p.meta["operands"] for p in one["train"] + one["test"]]
+        assert min(o["a"] for o in ops) >= 5 and min(o["b"] for o in ops) >= 2  # not trivial
+    with pytest.raises(ValueError, match="distinct"):  # the small ones only together
+        problems.generate_arithmetic(128, 128, templates=("small_mul",))
+
+
+def test_bare_answers_grade(bare):
+    p = next(q for q in bare["test"] if q.meta["template"].endswith("_mul"))
+    a, b = p.meta["operands"]["a"], p.meta["operands"]["b"]
+    right, wrong = p.answer, str(int(p.answer) + 1)
+    for text in (right, right + "\n", f"{right}.", f"{a} x {b} = {right}\n",
+                 f"{a} \\times {b} = {right}", f"The answer is {right}."):
+        assert grader.grade(text, p.answer) == 1.0, text
+    for text in (wrong, f"{a} x {b} = {wrong}", f"{right} x 2 = {2 * int(right)}", ""):
+        assert grader.grade(text, p.answer) == 0.0, text
+    assert grader.grade(right + "\n", p.answer, truncated=True) == 0.0
 
 
 def test_generator_bad_arguments():

@@ -1,8 +1,19 @@
 """An embedded grade-school arithmetic word-problem set (no download needed).
 
-Ten templates of one to three arithmetic steps (add, subtract, multiply, divide exactly,
-and their compositions) filled with random small numbers, names and objects. Gold answers
-are computed from the sampled operands, never typed; every answer is a non-negative integer.
+Ten word-problem templates of one to three arithmetic steps (add, subtract, multiply,
+divide exactly, and their compositions) filled with random small numbers, names and objects,
+and six bare-arithmetic templates (`bare_add` "What is 48 + 23?", `bare_sub`, `bare_mul`,
+and the same with small numbers, `small_add`, `small_sub`, `small_mul`; one step, no story:
+a 135M model can answer them in a few tokens). Gold answers are computed
+from the sampled operands, never typed; every answer is a non-negative integer.
+
+The bare templates are drawn only when named in `templates` (`WORD_TEMPLATE_NAMES` is the
+default set), so the problem lists of existing configs do not change. The `bare_*` operand
+ranges are wider than the word templates' (sums of numbers 5-49, differences of numbers up
+to 59, two-digit x one-digit products) so that each of them alone supplies well over 128
+train + 128 held-out contents; the `small_*` ones (numbers up to 25, times tables to 12 x 9)
+supply 128 + 128 only together. The larger operand always comes first, so no content is
+another one with its operands swapped.
 
 Determinism and splits: problems are drawn from `numpy.random.default_rng(seed)`. The split
 of a problem is decided by a hash of its *arithmetic content* (template + operands, not the
@@ -42,6 +53,9 @@ class _Template:
     sample: Callable[[np.random.Generator], dict[str, int]]
     #: The gold answer from the operands.
     solve: Callable[[Mapping[str, int]], int]
+    #: "word" (a story; the default set) or "bare" (an arithmetic expression; drawn only
+    #: when named).
+    family: str = "word"
 
 
 def _ints(rng: np.random.Generator, **ranges: tuple[int, int]) -> dict[str, int]:
@@ -82,6 +96,32 @@ def _sample_pages(rng: np.random.Generator) -> dict[str, int]:
     ops = _ints(rng, a=(5, 20), b=(2, 6), c=(1, 20))
     ops["d"] = ops["a"] * ops["b"] + ops["c"] + int(rng.integers(1, 51))
     return ops
+
+
+def _sample_bare_add(rng: np.random.Generator) -> dict[str, int]:
+    x, y = (int(v) for v in rng.integers(5, 50, size=2))
+    return {"a": max(x, y), "b": min(x, y)}
+
+
+def _sample_bare_sub(rng: np.random.Generator) -> dict[str, int]:
+    a = int(rng.integers(10, 60))
+    return {"a": a, "b": int(rng.integers(2, a))}
+
+
+def _sample_small_add(rng: np.random.Generator) -> dict[str, int]:
+    x, y = (int(v) for v in rng.integers(2, 26, size=2))
+    return {"a": max(x, y), "b": min(x, y)}
+
+
+def _sample_small_sub(rng: np.random.Generator) -> dict[str, int]:
+    a = int(rng.integers(3, 26))
+    return {"a": a, "b": int(rng.integers(1, a))}
+
+
+def _sample_small_mul(rng: np.random.Generator) -> dict[str, int]:
+    # Times tables: a in 2-12, b in 2-9, larger first (7 x 3, never 3 x 7 as well).
+    a, b = int(rng.integers(2, 13)), int(rng.integers(2, 10))
+    return {"a": max(a, b), "b": min(a, b)}
 
 
 TEMPLATES: tuple[_Template, ...] = (
@@ -154,8 +194,47 @@ TEMPLATES: tuple[_Template, ...] = (
         _sample_pages,
         lambda o: o["d"] - (o["a"] * o["b"] + o["c"]),
     ),
+    # Bare arithmetic (1035, 1625 and 712 distinct contents: 271, 409 and 174 held-out at
+    # the default test fraction 0.25). The larger number comes first, so no two contents are
+    # one sum or product with the operands swapped.
+    _Template(
+        "bare_add", 1, "What is {a} + {b}?",
+        _sample_bare_add,
+        lambda o: o["a"] + o["b"], family="bare",
+    ),
+    _Template(
+        "bare_sub", 1, "What is {a} - {b}?",
+        _sample_bare_sub,
+        lambda o: o["a"] - o["b"], family="bare",
+    ),
+    _Template(
+        "bare_mul", 1, "What is {a} x {b}?",
+        lambda r: _ints(r, a=(11, 99), b=(2, 9)),
+        lambda o: o["a"] * o["b"], family="bare",
+    ),
+    # Small bare arithmetic (300, 299 and 60 contents: the three together supply 128 + 128,
+    # not each alone): sums and differences of numbers up to 25, times tables to 12 x 9.
+    _Template(
+        "small_add", 1, "What is {a} + {b}?",
+        _sample_small_add,
+        lambda o: o["a"] + o["b"], family="bare",
+    ),
+    _Template(
+        "small_sub", 1, "What is {a} - {b}?",
+        _sample_small_sub,
+        lambda o: o["a"] - o["b"], family="bare",
+    ),
+    _Template(
+        "small_mul", 1, "What is {a} x {b}?",
+        _sample_small_mul,
+        lambda o: o["a"] * o["b"], family="bare",
+    ),
 )
 TEMPLATE_NAMES = tuple(t.name for t in TEMPLATES)
+#: The templates drawn when `templates` is not given (the word problems).
+WORD_TEMPLATE_NAMES = tuple(t.name for t in TEMPLATES if t.family == "word")
+#: Bare arithmetic, drawn only when named.
+BARE_TEMPLATE_NAMES = tuple(t.name for t in TEMPLATES if t.family == "bare")
 
 
 def content_key(template: str, operands: Mapping[str, int]) -> str:
@@ -180,8 +259,9 @@ def generate_arithmetic(
 ) -> dict[str, list[MathProblem]]:
     """`{'train': [...], 'test': [...]}` of distinct generated word problems.
 
-    Templates are drawn uniformly among those with a step count in `steps` (and a name in
-    `templates`, when given: a subset of `TEMPLATE_NAMES`); each problem's
+    Templates are drawn uniformly among those with a step count in `steps` and a name in
+    `templates` (a subset of `TEMPLATE_NAMES`; None = the word templates
+    `WORD_TEMPLATE_NAMES`, so bare arithmetic only when named); each problem's
     `level` is its step count and `meta` holds the template name and operands. The same
     arguments always give the same lists. Raises ValueError on bad sizes, steps or fraction,
     or when the templates cannot supply that many distinct problems.
@@ -193,8 +273,8 @@ def generate_arithmetic(
     if templates is not None and not set(templates) <= set(TEMPLATE_NAMES):
         raise ValueError(f"templates={tuple(templates)} has unknown names; allowed: "
                          f"{TEMPLATE_NAMES}")
-    chosen = [t for t in TEMPLATES if t.steps in set(steps)
-              and (templates is None or t.name in templates)]
+    names = WORD_TEMPLATE_NAMES if templates is None else tuple(templates)
+    chosen = [t for t in TEMPLATES if t.steps in set(steps) and t.name in names]
     if not chosen:
         raise ValueError(f"steps={tuple(steps)} and templates={templates} select no template; "
                          "steps are in (1, 2, 3)")

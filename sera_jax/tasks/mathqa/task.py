@@ -7,6 +7,11 @@ prompts are tokenised once at construction. The reward of a completion is
 `\\boxed{}`, else the rightmost mathematical item: the rules A1-A4 of `grader`) is equivalent
 to the gold answer and the completion was not cut by the length cap. `extract_answers`
 gives canonical answer keys for majority voting.
+
+Generation stops at the tokenizer's stop tokens (eos, `<|im_end|>`, ...); with
+`stop_at_newline=True` also at every vocabulary token whose decoded text contains a newline
+(`newline_token_ids`), so a one-line answer ("71") ends at its line break instead of running
+on to the token cap. The stop token is kept in the completion; the grader reads the text.
 """
 
 from __future__ import annotations
@@ -25,6 +30,14 @@ from sera_jax.tasks.mathqa.data import MathProblem, format_prompt, load_problems
 from sera_jax.tasks.mathqa.problems import generate_arithmetic
 
 SOURCES = ("arithmetic", "files")
+
+
+def newline_token_ids(tokenizer: Tokenizer) -> tuple[int, ...]:
+    """Ids of every vocabulary entry whose decoded text (alone) contains a newline, sorted
+    (129 of SmolLM2's 49,152: "\\n", "\\n\\n", ".\\n", ...)."""
+    texts = tokenizer.tok.decode_batch([[i] for i in range(tokenizer.vocab_size)],
+                                       skip_special_tokens=False)
+    return tuple(i for i, text in enumerate(texts) if "\n" in text)
 
 
 class MathTask(RLTask):
@@ -46,7 +59,11 @@ class MathTask(RLTask):
         max_new_tokens: int = 512,
         max_prompt_len: int | None = None,
         grade_timeout_s: int = 5,
+        stop_at_newline: bool = False,
     ):
+        if not isinstance(stop_at_newline, bool | np.bool_):
+            raise TypeError(f"stop_at_newline={stop_at_newline!r} must be True or False, got "
+                            f"{type(stop_at_newline).__name__}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         if max_prompt_len is not None and max_prompt_len < 1:
@@ -57,7 +74,10 @@ class MathTask(RLTask):
         self.template, self.chat, self.system = template, bool(chat), system
         self.grade_timeout_s = int(grade_timeout_s)
         self.pad_id = int(tokenizer.pad_id)
+        self.stop_at_newline = bool(stop_at_newline)
         self.stop_ids = tuple(int(s) for s in tokenizer.stop_ids)
+        if self.stop_at_newline:
+            self.stop_ids = tuple(sorted(set(self.stop_ids) | set(newline_token_ids(tokenizer))))
         self.max_new_tokens = int(max_new_tokens)
         self._problems: dict[str, list[MathProblem]] = {}
         self._tokens: dict[str, list[np.ndarray]] = {}
@@ -173,6 +193,8 @@ def task_config() -> ml_collections.ConfigDict:
     c.max_new_tokens = 512
     c.max_prompt_len = 0  # 0 = no cap (longer prompts are dropped when set)
     c.grade_timeout_s = 5
+    # True: also stop at every token whose text contains a newline (one-line answers).
+    c.stop_at_newline = False
     return c
 
 
@@ -204,4 +226,5 @@ def task_from_config(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer) -> Ma
         max_new_tokens=int(cfg.max_new_tokens),
         max_prompt_len=int(cfg.max_prompt_len) or None,
         grade_timeout_s=int(cfg.grade_timeout_s),
+        stop_at_newline=cfg.get("stop_at_newline", False),
     )
