@@ -352,7 +352,36 @@ MAZE_READ_ROW: list[Derivation] = [
     ("... high", lambda: _read_gate("hi")),
     ("A/A false-positive rate, % of cells", lambda: _pp(
         maze_read()["table"]["aa"]["false_positive_rate"], 1, sign=False)),
+    ("SERA above uniform's lr frontier at its pass@1, pp", lambda: _frontier_distance("mean")),
+    ("its seed-bootstrap CI, low", lambda: _frontier_distance("lo")),
+    ("... high", lambda: _frontier_distance("hi")),
+    ("the matched lr (the pre-registered rule)", lambda: _sci3(_matched()["choice"]["lr"])),
+    ("SERA − uniform at the matched lr, held-out pass@64, window", lambda: _matched_est("mean")),
+    ("its seed-level t CI, low", lambda: _matched_est("lo")),
+    ("... high", lambda: _matched_est("hi")),
 ]
+
+
+def _frontier_distance(field: str) -> str:
+    with open(os.path.join(MAZE_READ, "frontier.json")) as f:
+        ci = json.load(f)["above_baseline_frontier_ci"]["sera"]
+    (entry,) = ci.values()  # SERA has one point: the config's lr
+    return _pp(entry[field], 2)
+
+
+@functools.cache
+def _matched() -> dict[str, Any]:
+    with open(os.path.join(MAZE_READ, "matched.json")) as f:
+        return json.load(f)
+
+
+def _matched_est(field: str) -> str:
+    return _pp(_matched()["result"]["estimate"][field])
+
+
+def _sci3(x: float) -> str:
+    mantissa, exponent = f"{x:.2e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
 
 
 def _curve_cell(comparison: str, k: str, step: int) -> str:
@@ -375,6 +404,21 @@ def maze_read_page_rows() -> set[str]:
         rows.add(f"| {label} | " + " | ".join(_curve_cell(comparison, k, s) for s in steps)
                  + " |")
     return rows
+
+
+def test_maze_read_frontier_table_comes_from_the_data():
+    from sera_jax.studies.maze.frontier import frontier_markdown
+
+    with open(os.path.join(MAZE_READ, "frontier.json")) as f:
+        allowed = set(frontier_markdown(json.load(f)).splitlines())
+    with open(os.path.join(ROOT, "docs", "results_maze.md")) as f:
+        page = f.read()
+    section = page.split("## Is SERA more than a smaller step?", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in section.splitlines() if ln.startswith("|") and not ln.startswith("|--")]
+    assert len(rows) >= 8, "the frontier table is gone"
+    missing = [r for r in rows if r not in allowed]
+    assert not missing, ("docs/results_maze.md's frontier table differs from "
+                         f"results/maze/maze_cpu_read/frontier.json: {missing}")
 
 
 def test_maze_read_page_tables_come_from_the_data():
