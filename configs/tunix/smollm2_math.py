@@ -15,45 +15,24 @@ Measured step time and rewards: docs/tunix.md.
 
 import ml_collections
 
-from sera_jax import optim
+from sera_jax import config_files, optim
+
+# Config files are loaded by path, not as a package: extend the sibling by path too.
+cpu = config_files.sibling(__file__, "cpu.py")
 
 
 def get_config() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
+    """configs/tunix/cpu.py with the real model, its prompt and sizes, AdamW and token-mean."""
+    c = cpu.get_config()
     c.name = "tunix_sera_smollm2_math"
-    c.seed = 0
-
-    c.model = ml_collections.ConfigDict()
+    del c.model.layers, c.model.dim  # the tiny random model's shape
     c.model.source = "smollm2"  # 'random' (cpu.py's tiny model) | 'smollm2'
-
-    c.task = ml_collections.ConfigDict()
     c.task.num_prompts = 16  # M: the dataset; prompt ids 0..M-1 key the history
     c.task.instruction = "Answer with the final number only."  # appended to the question
-
-    c.rl = ml_collections.ConfigDict()
     c.rl.num_steps = 30
-    c.rl.prompts_per_step = 4  # P
-    c.rl.rollouts_per_prompt = 4  # N0 (tunix's num_generations); budget B = P*N0
-    c.rl.method = "sera"  # a name of sera_jax.methods.METHODS (when compare.methods is empty)
     c.rl.max_new_tokens = 16
     c.rl.max_prompt_length = 96  # the chat prompt with SmolLM's default system turn
-    c.rl.temperature = 1.0
     c.rl.loss_agg_mode = "token-mean"  # tunix's name of our trainer's "token_mean"
-    c.rl.max_rounds = 4
-    c.rl.allocation = ml_collections.ConfigDict()
-    c.rl.allocation.n_min = 2
-    c.rl.allocation.n_max = 8
-    c.rl.allocation.threshold = ml_collections.FieldReference(None, field_type=float)
-    c.rl.allocation.unseen = "fill"
     c.rl.optimizer = optim.get_config(name="adamw", learning_rate=1e-5, grad_clip=1.0,
                                       weight_decay=0.0)
-    c.rl.history = ml_collections.ConfigDict()
-    c.rl.history.alpha = 0.5
-    c.rl.history.beta = 0.5
-    c.rl.history.gamma = 0.75
-
-    c.compare = ml_collections.ConfigDict()
-    c.compare.methods = ("uniform", "sera")
-    c.compare.seeds = (0,)
-    c.compare.baseline = "uniform"
     return c

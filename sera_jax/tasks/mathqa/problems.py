@@ -24,6 +24,7 @@ share a computation (not even with different names), whatever the seed or the si
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 
@@ -98,24 +99,23 @@ def _sample_pages(rng: np.random.Generator) -> dict[str, int]:
     return ops
 
 
-def _sample_bare_add(rng: np.random.Generator) -> dict[str, int]:
-    x, y = (int(v) for v in rng.integers(5, 50, size=2))
+def _sample_ordered_add(lo: int, hi: int, rng: np.random.Generator) -> dict[str, int]:
+    """a + b with a, b in [lo, hi), larger first (17 + 3, never 3 + 17 as well)."""
+    x, y = (int(v) for v in rng.integers(lo, hi, size=2))
     return {"a": max(x, y), "b": min(x, y)}
 
 
-def _sample_bare_sub(rng: np.random.Generator) -> dict[str, int]:
-    a = int(rng.integers(10, 60))
-    return {"a": a, "b": int(rng.integers(2, a))}
+def _sample_positive_sub(a_lo: int, a_hi: int, b_lo: int, rng: np.random.Generator
+                         ) -> dict[str, int]:
+    """a − b with a in [a_lo, a_hi) and b in [b_lo, a): a positive difference."""
+    a = int(rng.integers(a_lo, a_hi))
+    return {"a": a, "b": int(rng.integers(b_lo, a))}
 
 
-def _sample_small_add(rng: np.random.Generator) -> dict[str, int]:
-    x, y = (int(v) for v in rng.integers(2, 26, size=2))
-    return {"a": max(x, y), "b": min(x, y)}
-
-
-def _sample_small_sub(rng: np.random.Generator) -> dict[str, int]:
-    a = int(rng.integers(3, 26))
-    return {"a": a, "b": int(rng.integers(1, a))}
+_sample_bare_add = functools.partial(_sample_ordered_add, 5, 50)
+_sample_bare_sub = functools.partial(_sample_positive_sub, 10, 60, 2)
+_sample_small_add = functools.partial(_sample_ordered_add, 2, 26)
+_sample_small_sub = functools.partial(_sample_positive_sub, 3, 26, 1)
 
 
 def _sample_small_mul(rng: np.random.Generator) -> dict[str, int]:
