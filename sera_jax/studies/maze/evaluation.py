@@ -18,6 +18,7 @@ from sera_jax import sharding as shd
 from sera_jax.metrics import pass_at_k_curve
 from sera_jax.rl import evaluate as eval_lib
 from sera_jax.studies import common
+from sera_jax.studies.maze import lm
 from sera_jax.studies.maze.setup import (
     EVAL_DEFAULTS,
     build_model,
@@ -43,7 +44,8 @@ def _score(model: Any, task: maze_lib.MazeTask, cfg: ml_collections.ConfigDict, 
             "pass_at_k": {str(int(k)): float(v) for k, v in zip(ks, values)},
             "num_correct": res.num_correct.astype(int).tolist(),
             "maj": next((v for k, v in res.summary.items() if k.startswith("maj@")), None),
-            "mean_length": res.summary["mean_length"]}
+            "mean_length": res.summary["mean_length"],
+            "truncated_fraction": res.summary.get("truncated_fraction")}
 
 
 def evaluate_policy(model: Any, task: maze_lib.MazeTask, cfg: ml_collections.ConfigDict,
@@ -103,7 +105,7 @@ def sft_points(cfg: ml_collections.ConfigDict, sft_dir: str, mesh=None, model=No
                (0, int(cfg.eval.num_samples), int(cfg.eval.seed))]  # the SFT histogram
     wanted = list(dict.fromkeys(wanted))
     os.makedirs(os.path.join(sft_dir, "crn"), exist_ok=True)
-    sft_step = latest_sft_step(sft_dir)
+    sft_step = start_step(cfg, sft_dir)
     task, loaded, out = None, {}, {}
     for step, n, seed in wanted:
         path = os.path.join(sft_dir, "crn", f"step{step}_n{n}_keys{seed}.json")
@@ -112,16 +114,32 @@ def sft_points(cfg: ml_collections.ConfigDict, sft_dir: str, mesh=None, model=No
             nonlocal task
             if "model" not in loaded:
                 task = build_task(cfg)
-                loaded["model"] = model if model is not None else build_model(cfg)
-                if model is None:
-                    sft_lib.load_final_params(loaded["model"], cfg.sft, sft_dir, mesh,
-                                              fingerprint=sft_fingerprint(cfg))
+                loaded["model"] = (model if model is not None
+                                   else start_policy(cfg, sft_dir, mesh)[0])
             return evaluate_policy(loaded["model"], task, cfg, n, step, mesh, seed)
 
         fp = {**sft_fingerprint(cfg), "sft_step": sft_step, "eval": _eval_fingerprint(cfg),
               "point": [step, n, seed]}
         out[(step, n, seed)] = common.cached_json(path, fp, compute)
     return out
+
+
+def start_policy(cfg: ml_collections.ConfigDict, sft_dir: str, mesh=None
+                 ) -> tuple[Any, int]:
+    """(the policy RL starts from, its step): the final SFT checkpoint in `sft_dir`, or on a
+    pretrained LM (`lm.is_lm`) that model as loaded (step 0: there is no SFT)."""
+    model = build_model(cfg, mesh)
+    if lm.is_lm(cfg):
+        return model, 0
+    step = sft_lib.load_final_params(model, cfg.sft, sft_dir, mesh,
+                                     fingerprint=sft_fingerprint(cfg))
+    return model, step
+
+
+def start_step(cfg: ml_collections.ConfigDict, sft_dir: str) -> int | None:
+    """The start's step: the latest SFT checkpoint's (None when there is none), 0 on a
+    pretrained LM."""
+    return 0 if lm.is_lm(cfg) else latest_sft_step(sft_dir)
 
 
 def latest_sft_step(sft_dir: str) -> int | None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from sera_jax.records import read_json, write_json
 from sera_jax.studies import common
+from sera_jax.studies.maze import lm
 from sera_jax.studies.maze.prereg import preregistration_path, repo_root
 from sera_jax.studies.maze.report import gather
 from sera_jax.studies.maze.validity import VALIDITY
@@ -76,7 +77,7 @@ def export_results(cfg: ml_collections.ConfigDict, workdir: str,
     if not os.path.exists(os.path.join(results, "comparison.json")):
         raise common.StudyError(f"no {os.path.join(results, 'comparison.json')}: run "
                                 "--stage=eval before --stage=export")
-    out_dir = out_dir or os.path.join(repo_root(), "results", "maze", str(cfg.name))
+    out_dir = out_dir or os.path.join(repo_root(), "results", lm.study_name(cfg), str(cfg.name))
     os.makedirs(out_dir, exist_ok=True)
     methods = list(methods or common.method_names(cfg.compare.methods, "compare.methods"))
     seeds = list(seeds or common.int_list(cfg.compare.seeds, "compare.seeds"))

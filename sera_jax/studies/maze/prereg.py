@@ -36,6 +36,7 @@ import ml_collections
 from sera_jax import loop
 from sera_jax.records import read_json, write_json
 from sera_jax.studies import common
+from sera_jax.studies.maze import lm
 from sera_jax.studies.maze.curves import primary_spec
 from sera_jax.studies.maze.setup import arms, rl_fingerprint, run_config
 from sera_jax.studies.maze.validity import VALIDITY_DEFAULTS
@@ -55,10 +56,12 @@ def repo_root() -> str:
 
 
 def preregistration_path(cfg: ml_collections.ConfigDict) -> str:
-    """`compare.preregistration`, or `<repo>/results/maze/<config.name>/preregistration.json`."""
+    """`compare.preregistration`, or
+    `<repo>/results/<maze|math>/<config.name>/preregistration.json` (`lm.study_name`)."""
     path = cfg.compare.get("preregistration", "") or ""
     return os.path.abspath(path) if path else os.path.join(
-        repo_root(), "results", "maze", str(cfg.get("name", "maze")), PREREGISTRATION)
+        repo_root(), "results", lm.study_name(cfg), str(cfg.get("name", "maze")),
+        PREREGISTRATION)
 
 
 def comparison_fields(cfg: ml_collections.ConfigDict) -> dict[str, Any]:

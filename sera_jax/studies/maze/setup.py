@@ -28,6 +28,7 @@ from sera_jax.rl import config as rl_config
 from sera_jax.rl import trainer as trainer_lib
 from sera_jax.sampling import SamplingConfig
 from sera_jax.studies import common
+from sera_jax.studies.maze import lm
 from sera_jax.tasks import maze as maze_lib
 
 STAGES = ("sft", "rl", "eval", "all", "compare", "regime", "frontier", "preregister",
@@ -65,15 +66,23 @@ TASK_DEFAULTS = {"generator": "prim"}
 # ----------------------------------------------------------------------------- building
 
 
-def build_task(cfg: ml_collections.ConfigDict) -> maze_lib.MazeTask:
-    """The maze task of `cfg.task` (splits train / eval / sft)."""
+def build_task(cfg: ml_collections.ConfigDict) -> Any:
+    """The task of `cfg.task`: a maze task (splits train / eval / sft), or on a pretrained
+    LM (`lm.is_lm`) the math task with that model's tokenizer (splits train / eval)."""
+    if lm.is_lm(cfg):
+        return lm.build_task(cfg)
     return maze_lib.task_from_config(cfg.task)
 
 
-def build_model(cfg: ml_collections.ConfigDict) -> Decoder:
-    """A freshly initialised policy: the named preset `cfg.model.preset` with overrides, the
-    compute dtype `cfg.model.dtype` (float32 parameters: the master weights of SFT/RL) and
-    the layer layout `cfg.model.scan_layers` (stacked layers run by one scan)."""
+def build_model(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None
+                ) -> Decoder:
+    """The start's graph. On a pretrained LM (`lm.is_lm`): that model with its weights (the
+    start itself). Otherwise a freshly initialised policy: the named preset
+    `cfg.model.preset` with overrides, the compute dtype `cfg.model.dtype` (float32
+    parameters: the master weights of SFT/RL) and the layer layout `cfg.model.scan_layers`
+    (stacked layers run by one scan)."""
+    if lm.is_lm(cfg):
+        return lm.build_model(cfg, mesh)
     overrides = dict(cfg.model.get("overrides", {}) or {})
     overrides["dtype"] = dtype_from_name(cfg.model.get("dtype", "float32"), "model.dtype")
     overrides["scan_layers"] = bool(cfg.model.get("scan_layers", False))  # ml_collections: a bool
@@ -141,14 +150,19 @@ def sft_width(task: maze_lib.MazeTask) -> int:
     return task.max_prompt_len + maze_lib.max_answer_length(task.size)
 
 
-def eval_sampling(cfg: ml_collections.ConfigDict, task: maze_lib.MazeTask) -> SamplingConfig:
+def eval_sampling(cfg: ml_collections.ConfigDict, task: Any) -> SamplingConfig:
+    if lm.is_lm(cfg):
+        return lm.eval_sampling(cfg, task)
     return SamplingConfig(max_new_tokens=task.max_new_tokens, temperature=cfg.eval.temperature,
                           stop_ids=tuple(task.stop_ids), pad_id=task.pad_id,
                           cache_dtype=cfg.eval.get("kv_cache_dtype", "") or None)
 
 
 def sft_fingerprint(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
-    """What defines the SFT model: task (its splits), model and SFT config."""
+    """What defines the start: task (its splits), model and SFT config (on a pretrained LM:
+    task and model; there is no SFT)."""
+    if lm.is_lm(cfg):
+        return {"task": cfg.task.to_dict(), "model": lm.model_fingerprint(cfg)}
     return {"task": loop.trim_fields(cfg.task.to_dict(), defaults=TASK_DEFAULTS),
             "model": loop.trim_fields(cfg.model.to_dict(), defaults=MODEL_DEFAULTS),
             "sft": sft_lib.config_fingerprint(cfg.sft)}
@@ -183,11 +197,8 @@ def eval_key(seed: int, step: int, split: str) -> jax.Array:
 # ----------------------------------------------------------------------------- validation
 
 
-def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[int]
-             ) -> dict[str, methods_lib.Method]:
-    """Every field the stages read, checked before any data or model is built; returns each
-    arm's `Method` (the method name with the `rl.allocation.*` overrides), resolved once here
-    and passed down to its runs (`stage_rl(..., resolved=...)`)."""
+def validate_maze(cfg: ml_collections.ConfigDict) -> None:
+    """The maze task, policy and SFT blocks (StudyError naming the field)."""
     c = common.check
     t = cfg.task
     c(isinstance(t.size, int) and t.size >= 3 and t.size % 2 == 1, "task.size", t.size,
@@ -210,6 +221,19 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequ
         raise common.StudyError(str(e)) from None
     if cfg.sft.split == "sft":
         c(t.num_sft >= 1, "task.num_sft", t.num_sft, ">= 1 (the SFT split is trained on)")
+
+
+def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[int]
+             ) -> dict[str, methods_lib.Method]:
+    """Every field the stages read, checked before any data or model is built; returns each
+    arm's `Method` (the method name with the `rl.allocation.*` overrides), resolved once here
+    and passed down to its runs (`stage_rl(..., resolved=...)`)."""
+    c = common.check
+    t = cfg.task
+    if lm.is_lm(cfg):
+        lm.validate(cfg)
+    else:
+        validate_maze(cfg)
     c(cfg.rl.method is None, "rl.method", cfg.rl.method,
       "unset: the comparison sets it per run from --methods / config.compare.methods")
     for control in CONTROLS:

@@ -17,11 +17,13 @@ from sera_jax import sft as sft_lib
 from sera_jax.records import append_jsonl, log_timing, read_json, read_jsonl, write_jsonl
 from sera_jax.rl import trainer as trainer_lib
 from sera_jax.studies import common
+from sera_jax.studies.maze import lm
 from sera_jax.studies.maze.evaluation import (
     _eval_fingerprint,
     evaluate_policy,
     pass1_distribution,
     sft_points,
+    start_policy,
 )
 from sera_jax.studies.maze.setup import (
     ALLOC_RECORDS,
@@ -42,18 +44,23 @@ def stage_sft(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[s
     """Train (or resume / skip) SFT; score it at every evaluation point (`sft_points`);
     `sft/eval.json` summarises the step-0 scoring (cached by the SFT and evaluation
     fingerprint)."""
-    task = build_task(cfg)
     mesh = mesh if mesh is not None else make_mesh(cfg)
     sft_dir = os.path.join(workdir, "sft")
-    model = build_model(cfg)
-    program = sft_lib.SFTProgram(
-        model, cfg.sft, lambda ids: task.sft_examples(cfg.sft.split, ids),
-        task.split_size(cfg.sft.split), sft_width(task), task.pad_id, mesh=mesh)
-    result = sft_lib.train(program, sft_dir, fingerprint=sft_fingerprint(cfg))
-    if result.resumed_from != cfg.sft.num_steps:
-        log_timing(workdir, "sft_train", result.seconds)
+    if lm.is_lm(cfg):  # the pretrained policy is the start: nothing to train
+        os.makedirs(sft_dir, exist_ok=True)
+        model, sft_step = None, 0
+    else:
+        task = build_task(cfg)
+        model = build_model(cfg)
+        program = sft_lib.SFTProgram(
+            model, cfg.sft, lambda ids: task.sft_examples(cfg.sft.split, ids),
+            task.split_size(cfg.sft.split), sft_width(task), task.pad_id, mesh=mesh)
+        result = sft_lib.train(program, sft_dir, fingerprint=sft_fingerprint(cfg))
+        if result.resumed_from != cfg.sft.num_steps:
+            log_timing(workdir, "sft_train", result.seconds)
+        model, sft_step = program.model, result.step
     t0 = time.perf_counter()
-    points = sft_points(cfg, sft_dir, mesh, program.model)
+    points = sft_points(cfg, sft_dir, mesh, model)
     log_timing(workdir, "sft_eval", time.perf_counter() - t0)
 
     def compute() -> dict[str, Any]:
@@ -66,13 +73,13 @@ def stage_sft(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[s
                      out["pass1_distribution"])
         return out
 
-    fingerprint = {**sft_fingerprint(cfg), "sft_step": result.step,
+    fingerprint = {**sft_fingerprint(cfg), "sft_step": sft_step,
                    "eval": _eval_fingerprint(cfg, ("num_samples", "curve_samples",
                                                    "num_prompts", "train_prompts",
                                                    "temperature", "seed"))}
     out = common.cached_json(os.path.join(sft_dir, "eval.json"), fingerprint, compute)
     # The maze-blind control beside the start (sft/validity.json; the RL stages' gate).
-    validity = sft_validity(cfg, sft_dir, out["final"], result.step)
+    validity = sft_validity(cfg, sft_dir, out["final"], sft_step)
     logging.info("%s", validity_line(validity))
     return out
 
@@ -115,9 +122,7 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
     sft_eval_path = os.path.join(sft_dir, "eval.json")
     if not os.path.exists(sft_eval_path):
         raise common.StudyError(f"no SFT evaluation at {sft_eval_path}: run --stage=sft first")
-    model = build_model(cfg)
-    sft_step = sft_lib.load_final_params(model, cfg.sft, sft_dir, mesh,
-                                         fingerprint=sft_fingerprint(cfg))
+    model, sft_step = start_policy(cfg, sft_dir, mesh)
     sft_eval = read_json(sft_eval_path)
     if sft_eval.get("fingerprint", {}).get("sft_step") != sft_step:
         raise common.StudyError(f"{sft_eval_path} does not evaluate the SFT checkpoint "

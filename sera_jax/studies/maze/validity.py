@@ -31,6 +31,7 @@ from absl import logging
 from sera_jax.records import read_json
 from sera_jax.studies import common
 from sera_jax.studies import compare as cmp
+from sera_jax.studies.maze import lm
 from sera_jax.studies.maze.blind import task_validity
 from sera_jax.studies.maze.setup import build_task, sft_fingerprint
 
@@ -108,7 +109,8 @@ def sft_validity(cfg: ml_collections.ConfigDict, sft_dir: str, start: Mapping[st
 
     def compute() -> dict[str, Any]:
         task = build_task(cfg)
-        report = task_validity(task, "eval", int(cfg.eval.num_prompts), ks)
+        blind_control = lm.blind_validity if lm.is_lm(cfg) else task_validity
+        report = blind_control(task, "eval", int(cfg.eval.num_prompts), ks)
         start_k = _start_pass_at_k(start["num_correct"], n, ks)
         blind = report["blind_pass_at_k"]
         check = check_validity(start_k, blind, settings["k"], settings["pass1_ratio"],
@@ -131,12 +133,17 @@ def validity_line(report: Mapping[str, Any]) -> str:
     """One line for the log and the tables: blind vs start at pass@1 and the gate's k."""
     c = report["check"]
     k = c["k"]
-    return (f"task validity ({report['num_mazes']} held-out {report['size']}x{report['size']} "
-            f"mazes, {report['distinct_answers']} distinct answers, "
-            f"{100 * report['seen_in_sft']:.0f} % seen in SFT): start pass@1 "
+    if report.get("kind") == "math":  # lm.blind_validity: answer-blind guesser
+        what, seen, reads = (f"{report['num_mazes']} held-out problems", "answers of training "
+                             "problems", "reads the problem")
+    else:
+        what = f"{report['num_mazes']} held-out {report['size']}x{report['size']} mazes"
+        seen, reads = "in SFT", "reads the maze"
+    return (f"task validity ({what}, {report['distinct_answers']} distinct answers, "
+            f"{100 * report['seen_in_sft']:.0f} % {seen}): start pass@1 "
             f"{100 * c['start_pass1']:.2f} % vs blind {100 * c['blind_pass1']:.2f} %, "
             f"pass@{k} {100 * c[f'start_pass{k}']:.1f} % vs blind {100 * c[f'blind_pass{k}']:.1f}"
-            f" % -- {'reads the maze' if c['passes'] else 'FAILS: ' + '; '.join(c['reasons'])}")
+            f" % -- {reads if c['passes'] else 'FAILS: ' + '; '.join(c['reasons'])}")
 
 
 def read_validity(sft_dir: str) -> dict[str, Any] | None:

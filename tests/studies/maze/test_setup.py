@@ -149,7 +149,7 @@ def test_run_takes_method_names_or_method_presets(tmp_path):
 
 
 def test_binaries_follow_the_one_pattern():
-    for name in ("maze", "maze_smoke"):
+    for name in ("maze", "maze_smoke", "math_rl"):
         source = open(os.path.join(util.ROOT, "experiments", f"{name}.py")).read()
         assert len(source.splitlines()) <= 30 and "common.binary(" in source, name
         assert "from sera_jax.studies.maze import" in source and "importlib" not in source
