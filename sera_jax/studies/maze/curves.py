@@ -268,8 +268,18 @@ def curve_statistics(cfg: ml_collections.ConfigDict, methods: Sequence[str],
                                             "significant": adjusted[key] is not None and
                                             adjusted[key] <= alpha}
                                       for key, e in raw.items()}}
-    out["gate"] = null_gate(out["differences"].get(f"{base} − {NULL}"), noise_floor_curve,
-                            float(cfg.compare.gate_floor_multiple))
+    gate_diff, one_seed = out["differences"].get(f"{base} − {NULL}"), None
+    if gate_diff is not None and len(gate_diff["seeds"]) < 2:
+        # One paired seed has no seed-level band: the gate reads the bootstrap over held-out
+        # prompts instead (evaluation noise only), and says so.
+        seeds = gate_diff["seeds"]
+        one_seed = window_bootstrap(
+            np.stack([_counts(recs[base][s], steps, "eval") for s in seeds]),
+            np.stack([_counts(recs[NULL][s], steps, "eval") for s in seeds]), n, 1, window,
+            num_resamples=int(cfg.compare.bootstrap), level=level,
+            seed=int(cfg.compare.bootstrap_seed))
+    out["gate"] = null_gate(gate_diff, noise_floor_curve, float(cfg.compare.gate_floor_multiple),
+                            prompts_ci=one_seed)
     out["aa"] = aa_false_positive_rate(out["differences"].get(f"{AA} − {base}"), splits, ks)
     diags = {arm: dict(d) for arm, d in diagnostics.items()}
     means = {arm: _mean_series([r for r in d.values() if r]) for arm, d in diags.items()}
@@ -295,13 +305,22 @@ def window_bootstrap(correct_a: Any, correct_b: Any, n: int, k: int, window: int
 
 
 def null_gate(d: Mapping[str, Any] | None, floor: Mapping[str, Mapping[str, Any]],
-              multiple: float) -> dict[str, Any]:
+              multiple: float, prompts_ci: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Baseline − null at held-out pass@1 over the endpoint window: passes iff its band lies
     above 0 and its mean exceeds `multiple` × the noise floor at pass@1 (the RL signal must
-    stand clear of both optimiser noise and evaluation noise)."""
+    stand clear of both optimiser noise and evaluation noise).
+
+    With one paired seed there is no seed-level band; `prompts_ci` (the bootstrap over
+    held-out prompts of `window_bootstrap`) then stands in, and `ci` says which it is: a
+    one-seed pass shows that run learned beyond the null and the evaluation noise, not that
+    another seed would."""
     if d is None or "eval" not in d:
         return {"ran": False, "passes": False, "outcome": "FAIL: the null control did not run"}
-    e = d["eval"]["window"]["1"]
+    e = dict(d["eval"]["window"]["1"])
+    ci = "seed-level Student t band"
+    if e["lo"] is None and prompts_ci is not None:
+        e.update(lo=prompts_ci["lo"], hi=prompts_ci["hi"], p=None)
+        ci = "one seed: bootstrap over held-out prompts (evaluation noise only)"
     f = float(floor["1"]["floor"])
     above = e["lo"] is not None and e["lo"] > 0
     clear = e["mean"] > multiple * f
@@ -309,10 +328,12 @@ def null_gate(d: Mapping[str, Any] | None, floor: Mapping[str, Mapping[str, Any]
         f": baseline − null at held-out pass@1 = {100 * e['mean']:+.2f} pp" +
         (f" [{100 * e['lo']:+.2f}, {100 * e['hi']:+.2f}]" if e["lo"] is not None
          else " (no CI: fewer than 2 paired seeds)") +
+        (f" ({ci})" if prompts_ci is not None and e["lo"] is not None else "") +
         f", {multiple:g} × noise floor = {100 * multiple * f:.2f} pp")
     return {"ran": True, "seeds": d["seeds"], **{k: e[k] for k in ("mean", "lo", "hi", "p")},
             "noise_floor": f, "floor_multiple": multiple, "ci_above_zero": bool(above),
-            "exceeds_floor": bool(clear), "passes": bool(above and clear), "outcome": outcome}
+            "exceeds_floor": bool(clear), "passes": bool(above and clear), "outcome": outcome,
+            "ci": ci}
 
 
 def aa_false_positive_rate(d: Mapping[str, Any] | None, splits: Sequence[str],

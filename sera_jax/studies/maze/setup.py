@@ -135,11 +135,17 @@ def arms(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence
 
 
 def rl_plan(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[int],
-            only_these_seeds: bool = False) -> list[tuple[str, list[int]]]:
+            only_these_seeds: bool = False, only_these_methods: bool = False
+            ) -> list[tuple[str, list[int]]]:
     """The RL stage's (arm, seeds): `arms`, and with `only_these_seeds` (the binary's
     `--seeds`) every arm, the controls included, restricted to `seeds`, so processes with
-    disjoint `--seeds` (one per core) never run the same run."""
+    disjoint `--seeds` (one per core) never run the same run. With `only_these_methods`
+    (the binary's `--methods`) the controls (null, A/A: the baseline's) run only in a
+    process whose methods include `compare.baseline`, so processes with disjoint
+    `--methods` never run the same run either."""
     plan = arms(cfg, methods, seeds)
+    if only_these_methods and cfg.compare.baseline not in methods:
+        plan = [(arm, ss) for arm, ss in plan if arm not in CONTROLS]
     if only_these_seeds:
         plan = [(arm, [s for s in ss if s in seeds]) for arm, ss in plan]
     return plan

@@ -43,10 +43,12 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     `--methods`); `seeds`: integers (or the digit strings of `--seeds`). Each defaults to
     `config.compare.methods` / `config.compare.seeds`; errors name `--methods` / `--seeds`.
     Given `seeds`, the RL stage runs the control arms (null, A/A) only at those of their
-    seeds that are in `seeds`, so processes with disjoint `--seeds` never share a run.
+    seeds that are in `seeds`, and given `methods`, only when the baseline is among them,
+    so processes with disjoint `--seeds` or `--methods` never share a run.
     """
     if stage not in STAGES:
         raise common.StudyError(f"stage={stage!r}; choose from {STAGES}")
+    explicit_methods = methods is not None  # --methods: the controls run with the baseline
     methods = (common.method_names(methods, "--methods") if methods is not None
                else common.method_names(cfg.compare.methods, "compare.methods"))
     explicit = seeds is not None  # --seeds restricts the control arms' seeds too
@@ -84,7 +86,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     if stage in ("rl", "all", "compare"):
         if cfg.compare.get("primary") is not None:
             preregister(cfg, workdir)  # the primary endpoint, fixed before any RL run
-        run_plan(cfg, workdir, rl_plan(cfg, methods, seeds, explicit), mesh,
+        run_plan(cfg, workdir, rl_plan(cfg, methods, seeds, explicit, explicit_methods), mesh,
                  resolved=resolved)
     if stage in ("eval", "all", "compare"):
         table = aggregate(cfg, workdir, methods, seeds, mesh=mesh)
