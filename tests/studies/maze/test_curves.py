@@ -92,6 +92,25 @@ def test_null_gate_passes_only_clear_of_zero_and_twice_the_floor():
     assert not curves.null_gate(None, floor, 2.0)["passes"]
 
 
+def test_one_seed_gate_reads_the_prompt_bootstrap_and_says_so():
+    """One paired seed: the gate's interval is the bootstrap over held-out prompts of the
+    window difference (`window_bootstrap`), labelled; clear learning passes, none fails."""
+    floor = {"1": {"floor": 0.01}}
+    n, rng = 16, np.random.default_rng(0)
+    base = rng.binomial(n, 0.6, size=(1, 2, 64))  # [S=1, T=2 points, M=64 prompts]
+    null = rng.binomial(n, 0.1, size=(1, 2, 64))
+    boot = curves.window_bootstrap(base, null, n, 1, 1)
+    assert boot["lo"] > 0.4 and boot["seeds"] == 1
+    learns = curves.null_gate(_diff([0.5]), floor, 2.0, prompts_ci=boot)
+    assert learns["passes"] and "held-out prompts" in learns["outcome"]
+    assert learns["ci"].startswith("one seed")
+    same = curves.window_bootstrap(base, base, n, 1, 1)  # no difference: CI touches 0
+    flat = curves.null_gate(_diff([0.0]), floor, 2.0, prompts_ci=same)
+    assert not flat["passes"] and not flat["exceeds_floor"]
+    several = curves.null_gate(_diff([0.05, 0.06, 0.055]), floor, 2.0, prompts_ci=boot)
+    assert several["ci"] == "seed-level Student t band"  # seeds present: the t band decides
+
+
 def test_aa_false_positive_rate_counts_points_after_the_start():
     ok = {"step": 0, **cmp.seed_interval([0.0, 0.0])}
     null = {"step": 5, **cmp.seed_interval([0.01, -0.01])}
