@@ -141,5 +141,26 @@ def blind_validity(task: Any, split: str, num_prompts: int, ks: Sequence[int]
             "median_moves": float(np.median([len(a) for a in held])) if held else 0.0}
 
 
-__all__ = ["answer_key", "blind_validity", "build_model", "build_task", "eval_sampling",
-           "is_lm", "model_fingerprint", "study_name", "validate"]
+#: The maze tables' wording and what it means on a math study (`relabel`), most specific
+#: first: the blind control's description, then the nouns.
+RELABEL = (
+    ("a policy that ignores the maze and emits each SFT answer at its SFT frequency",
+     "a policy that ignores the problem and answers with each training problem's answer at "
+     "its frequency"),
+    ("each SFT answer at its SFT frequency, whatever the maze",
+     "each training answer at its training frequency, whatever the problem"),
+    ("maze-blind", "answer-blind"), ("mazes", "problems"), ("maze", "problem"),
+    ("SFT start", "pretrained start"), ("SFT", "start"),
+)
+
+
+def relabel(text: str) -> str:
+    """A maze report's markdown in the math study's words (problems, the pretrained start,
+    the answer-blind guesser); the numbers are untouched."""
+    for old, new in RELABEL:
+        text = text.replace(old, new)
+    return text
+
+
+__all__ = ["RELABEL", "answer_key", "blind_validity", "build_model", "build_task",
+           "eval_sampling", "is_lm", "model_fingerprint", "relabel", "study_name", "validate"]

@@ -16,6 +16,7 @@ from sera_jax.metrics import analytic_pass_at_k
 from sera_jax.records import read_json, read_jsonl, write_json
 from sera_jax.rl import config as rl_config
 from sera_jax.studies import compare as cmp
+from sera_jax.studies.maze import lm
 from sera_jax.studies.maze.curves import (
     PREREGISTERED,
     curve_records,
@@ -239,6 +240,7 @@ def build_table(cfg: ml_collections.ConfigDict, data: Mapping[str, Any],
     boot = dict(num_resamples=int(cfg.compare.bootstrap), level=float(cfg.compare.level),
                 seed=int(cfg.compare.bootstrap_seed))
     table: dict[str, Any] = {
+        "study": lm.study_name(cfg),
         "sft": {"pass_at_k": sft_final["pass_at_k"],
                 "train_pass_at_k": sft_final.get("train", {}).get("pass_at_k"),
                 "pass_at_k_noise_keys": sft_noise["pass_at_k"],

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from sera_jax.studies.maze.lm import relabel
+
 
 def _pct(x: float | None, digits: int = 1) -> str:
     return "–" if x is None else f"{100 * x:.{digits}f}"
@@ -102,7 +104,8 @@ def comparison_markdown(table: dict[str, Any]) -> str:
               "CI excludes 0 and it exceeds the noise floor; otherwise it is no difference."]
     if "curves" in table:
         lines += ["", *curves_markdown(table)]
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    return relabel(text) if table.get("study") == "math" else text
 
 
 def _band(e: dict[str, Any]) -> str:
