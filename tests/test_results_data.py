@@ -42,8 +42,6 @@ MAZE_READ = os.path.join(ROOT, "results", "maze", "maze_cpu_read")
 
 #: README rows (by the start of their first cell) whose data is not committed yet.
 UNTRACED = {
-    "Maze, 9×9": "the 2 Dec long-horizon run (configs/maze/cpu.py, 8 seeds) and its blind "
-                 "control are not committed; only docs/results_maze.md's prose holds them",
     "Math, SmolLM2-135M": "the one-seed, 4-step math run's outputs are not committed",
     "Speed vs PyTorch": "measured at 7813cdc, before the 2 Dec refactor; no results file: to "
                         "be re-measured at HEAD (issue 39 item 1)",
@@ -769,11 +767,29 @@ def test_lab_readme_row_pass_at_1():
                        for f in ("main", "maze")], printed
 
 
+MAZE_LONG = os.path.join(ROOT, "results", "maze", "maze_cpu_long")
+
+
+@functools.cache
+def _maze_long_blind() -> dict[str, Any]:
+    with open(os.path.join(MAZE_LONG, "blind.json")) as f:
+        return json.load(f)
+
+
+MAZE_LONG_ROW: list[Derivation] = [
+    ("maze size", lambda: f"{_maze_long_blind()['size']}"),
+    ("maze size", lambda: f"{_maze_long_blind()['size']}"),
+    ("blind control held-out pass@64, % (exact)",
+     lambda: f"{100 * _maze_long_blind()['blind_pass_at_k']['64']:.1f}"),
+]
+
+
 #: README rows (by the start of their first cell) whose numbers are derived from the data.
 TRACED: dict[str, tuple[str, list[Derivation]]] = {
     "Gradient alignment, digits": ("results/alignment/digits", ALIGNMENT_ROW),
     "Maze, 17×17": ("results/device/2026-12-04_h200", MAZE17_ROW),
     "Maze that must be read": ("results/maze/maze_cpu_read", MAZE_READ_ROW),
+    "Maze, 9×9": ("results/maze/maze_cpu_long", MAZE_LONG_ROW),
 
 
     "Allocation lab": ("results/lab/cpu_default", LAB_ROW),
