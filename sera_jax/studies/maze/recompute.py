@@ -78,6 +78,12 @@ def load_data(cfg: ml_collections.ConfigDict, counts: Mapping[str, np.ndarray],
             if key.startswith("sft/") and key.endswith("/eval"):
                 step, size, keys = (int(x) for x in key.split("/")[1].split("_"))
                 points[(step, size, keys)] = _record(counts, key[:-len("/eval")], size)
+        # The start's answer length and truncation are recorded, not counted: from the table.
+        start = (table or {}).get("sft", {})
+        final = points.get((int(cfg.rl.num_steps), n, int(cfg.eval.seed)))
+        if final is not None:
+            final.update(mean_length=start.get("answer_length"),
+                         truncated_fraction=start.get("truncated_fraction"))
     runs: dict[str, dict[int, Any]] = {}
     order = list(table["methods"]) if table else []
     found = sorted({k.split("/")[len(prefix.split("/"))] for k in counts

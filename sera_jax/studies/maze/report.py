@@ -134,7 +134,7 @@ def _noise_eval(records: list[dict], num_steps: int, num_samples: int) -> dict |
 RUN_FIELDS = ("rollouts", "tokens", "reward_mean_last", "kappa_believed_min",
               "kappa_believed_mean", "kappa_true_min", "kappa_true_mean",
               "kappa_true_min_solvable", "mixed_fraction", "never_solved_share",
-              "never_solved_mazes")
+              "never_solved_mazes", "answer_length", "truncated_fraction")
 
 
 def gather(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[str],
@@ -175,7 +175,11 @@ def gather(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[str],
                 "fields": {"rollouts": final["rollouts"], "tokens": final["tokens"],
                            "reward_mean_last": float(np.mean([r["reward_mean"]
                                                               for r in train[-5:]])),
-                           **allocation_diagnostics(allocs, curve, shift)},
+                           **allocation_diagnostics(allocs, curve, shift),
+                           # what the policy writes (held-out, final point): tokens per
+                           # answer and the share cut at the cap
+                           "answer_length": final.get("mean_length"),
+                           "truncated_fraction": final.get("truncated_fraction")},
                 "diagnostics": per_step_diagnostics(allocs, train, recs or {},
                                                     int(cfg.task.num_train), shift)}
             data["plot_curves"][arm].append(curve)
@@ -245,6 +249,8 @@ def build_table(cfg: ml_collections.ConfigDict, data: Mapping[str, Any],
                 "train_pass_at_k": sft_final.get("train", {}).get("pass_at_k"),
                 "pass_at_k_noise_keys": sft_noise["pass_at_k"],
                 "pass1_distribution": data["sft_eval"]["pass1_distribution"],
+                "answer_length": sft_final.get("mean_length"),
+                "truncated_fraction": sft_final.get("truncated_fraction"),
                 "curve": {str(s): points[(s, int(cfg.eval.curve_samples), int(cfg.eval.seed))]
                           ["pass_at_k"] for s in eval_steps(cfg)}},
         "methods": {}, "num_samples": n, "num_steps": num_steps,

@@ -15,6 +15,28 @@ def _pct(x: float | None, digits: int = 1) -> str:
     return "–" if x is None else f"{100 * x:.{digits}f}"
 
 
+def answers_markdown(table: dict[str, Any]) -> list[str]:
+    """What the policies write at the last point (held-out): mean answer length in tokens
+    and the share of answers cut at the token cap, mean ± std over seeds; [] for tables
+    recorded before these fields."""
+    rows = [(arm, e) for arm, e in table["methods"].items()
+            if e.get("truncated_fraction") is not None]
+    start = table["sft"]
+    if not rows or start.get("truncated_fraction") is None:
+        return []
+
+    def f(e: Any, scale: float = 1.0) -> str:
+        return (f"{scale * e:.1f}" if isinstance(e, int | float) else
+                f"{scale * e['mean']:.1f} ± {scale * e['std']:.1f}")
+
+    lines = ["", f"**Answers** (held-out, step {table['num_steps']}, mean ± std over seeds):",
+             "| policy | mean length, tokens | truncated at the cap, % |", "|---|---|---|",
+             f"| SFT | {f(start['answer_length'])} | {f(start['truncated_fraction'], 100)} |"]
+    lines += [f"| {arm} | {f(e['answer_length'])} | {f(e['truncated_fraction'], 100)} |"
+              for arm, e in rows]
+    return lines
+
+
 def comparison_markdown(table: dict[str, Any]) -> str:
     """The pass@k table (percent, mean ± std over seeds) with matched rollouts / tokens, the
     paired differences with CIs and verdicts, the noise floor, the null control and the
@@ -100,6 +122,7 @@ def comparison_markdown(table: dict[str, Any]) -> str:
                      f"{f('kappa_believed_mean')} | {f('kappa_true_mean')} | "
                      f"{f('mixed_fraction')} | {f('never_solved_share')} | "
                      f"{f('reward_mean_last')} |")
+    lines += answers_markdown(table)
     lines += ["", f"CIs: {table['ci_method']}. A difference is a win or a loss only when its "
               "CI excludes 0 and it exceeds the noise floor; otherwise it is no difference."]
     if "curves" in table:
