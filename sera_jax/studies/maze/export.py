@@ -3,7 +3,8 @@ comparison (and frontier, and lr-matched) numbers, under `results/maze/<config n
 
 * `comparison.json`, `frontier.json` / `matched.json` (when the workdir has them) and
   `preregistration.json` (a copy, when the committed file lives elsewhere);
-* `config.json` (the config as run) and `export.json` (the methods, seeds and lrs exported);
+* `config.json` (the config as run), `export.json` (the methods, seeds and lrs exported) and
+  `sft_validity.json` (the start's `sft/validity.json`: the blind control's report);
 * `counts.npz`: per-maze correct counts, int16, compressed -- the SFT start at every scoring
   (`sft/<step>_<n>_<keys>/<split>`), every run's final point, curve points `[T, M]` and
   noise-key scoring (`run/<arm>/<seed>/{final,curve,noise}/<split>`), the same per frontier
@@ -120,6 +121,9 @@ def export_results(cfg: ml_collections.ConfigDict, workdir: str,
         if os.path.abspath(prereg) != os.path.abspath(target):
             shutil.copyfile(prereg, target)
         files.append("preregistration.json")
+    # The start's validity report (blind control, distinct answers) beside the counts.
+    shutil.copyfile(os.path.join(sft_dir, VALIDITY), os.path.join(out_dir, "sft_validity.json"))
+    files.append("sft_validity.json")
     write_json(os.path.join(out_dir, "config.json"), cfg.to_dict())
     write_json(os.path.join(out_dir, "export.json"), manifest)
     np.savez_compressed(os.path.join(out_dir, COUNTS), **arrays)
