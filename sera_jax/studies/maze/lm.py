@@ -149,6 +149,7 @@ RELABEL = (
      "its frequency"),
     ("each SFT answer at its SFT frequency, whatever the maze",
      "each training answer at its training frequency, whatever the problem"),
+    ("published maze evaluation", "published evaluation"), ("SFT (start, ", "start ("),
     ("maze-blind", "answer-blind"), ("mazes", "problems"), ("maze", "problem"),
     ("SFT start", "pretrained start"), ("SFT", "start"),
 )

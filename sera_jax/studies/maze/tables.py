@@ -30,7 +30,7 @@ def answers_markdown(table: dict[str, Any]) -> list[str]:
                 f"{scale * e['mean']:.1f} ± {scale * e['std']:.1f}")
 
     lines = ["", f"**Answers** (held-out, step {table['num_steps']}, mean ± std over seeds):",
-             "| policy | mean length, tokens | truncated at the cap, % |", "|---|---|---|",
+             "", "| policy | mean length, tokens | truncated at the cap, % |", "|---|---|---|",
              f"| SFT | {f(start['answer_length'])} | {f(start['truncated_fraction'], 100)} |"]
     lines += [f"| {arm} | {f(e['answer_length'])} | {f(e['truncated_fraction'], 100)} |"
               for arm, e in rows]
