@@ -42,7 +42,6 @@ MAZE_READ = os.path.join(ROOT, "results", "maze", "maze_cpu_read")
 
 #: README rows (by the start of their first cell) whose data is not committed yet.
 UNTRACED = {
-    "Math, SmolLM2-135M": "the one-seed, 4-step math run's outputs are not committed",
     "Speed vs PyTorch": "measured at 7813cdc, before the 2 Dec refactor; no results file: to "
                         "be re-measured at HEAD (issue 39 item 1)",
 }
@@ -784,12 +783,79 @@ MAZE_LONG_ROW: list[Derivation] = [
 ]
 
 
+# ----------------------------------------------------------------------------- math
+
+MATH = os.path.join(ROOT, "results", "math", "math_smollm2_arith")
+
+
+@functools.cache
+def math_table() -> dict[str, Any]:
+    """The math default's committed comparison (configs/math/smollm2_arith.py)."""
+    with open(os.path.join(MATH, "comparison.json")) as f:
+        return json.load(f)
+
+
+def _m_pass(arm: str, k: str) -> str:
+    t = math_table()
+    v = t["sft"]["pass_at_k"][k] if arm == "start" else (
+        t["blind"]["pass_at_k"][k] if arm == "blind" else t["methods"][arm]["pass_at_k"][k]["mean"])
+    return _pp(v, 1, sign=False)
+
+
+def _m_primary(field: str, two_level: bool = False) -> str:
+    p = math_table()["curves"]["primary"]
+    return _pp((p["two_level"] if two_level else p["estimate"])[field])
+
+
+def _m_gate(field: str) -> str:
+    return _pp(math_table()["curves"]["gate"][field])
+
+
+MATH_ROW: list[Derivation] = [
+    ("paired seeds", lambda: f"{math_table()['curves']['primary']['estimate']['seeds']}"),
+    ("start held-out pass@1, last point's keys, %", lambda: _m_pass("start", "1")),
+    ("uniform held-out pass@1, %", lambda: _m_pass("uniform", "1")),
+    ("SERA held-out pass@1, %", lambda: _m_pass("sera", "1")),
+    ("RL steps", lambda: f"{math_table()['num_steps']}"),
+    ("primary: SERA − uniform held-out pass@16, window", lambda: _m_primary("mean")),
+    ("its seed-level t CI, low", lambda: _m_primary("lo")),
+    ("... high", lambda: _m_primary("hi")),
+    ("blind pass@1, %", lambda: _m_pass("blind", "1")),
+    ("blind pass@16, %", lambda: _m_pass("blind", "16")),
+    ("start pass@1, %", lambda: _m_pass("start", "1")),
+    ("start pass@16, %", lambda: _m_pass("start", "16")),
+    ("gate: uniform − null held-out pass@1, window", lambda: _m_gate("mean")),
+    ("null seeds", lambda: f"{len(math_table()['curves']['gate']['seeds'])}"),
+    ("its t band, low", lambda: _m_gate("lo")),
+    ("... high", lambda: _m_gate("hi")),
+    ("A/A cells excluding 0", lambda: f"{math_table()['curves']['aa']['false_positives']}"),
+    ("A/A cells", lambda: f"{math_table()['curves']['aa']['cells']}"),
+]
+
+
+def test_math_page_tables_come_from_the_data():
+    """Every table row of the math default's section is a row of the report's own markdown
+    of the committed comparison.json."""
+    from sera_jax.studies.maze.tables import comparison_markdown
+
+    with open(os.path.join(ROOT, "docs", "results_math.md")) as f:
+        page = f.read()
+    section = page.split("## The paired default", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in section.splitlines() if ln.startswith("|") and not ln.startswith("|--")]
+    assert len(rows) >= 10, "the section's tables are gone"
+    allowed = set(comparison_markdown(math_table()).splitlines())
+    missing = [r for r in rows if r not in allowed]
+    assert not missing, ("docs/results_math.md's tables differ from "
+                         f"results/math/math_smollm2_arith/comparison.json: {missing}")
+
+
 #: README rows (by the start of their first cell) whose numbers are derived from the data.
 TRACED: dict[str, tuple[str, list[Derivation]]] = {
     "Gradient alignment, digits": ("results/alignment/digits", ALIGNMENT_ROW),
     "Maze, 17×17": ("results/device/2026-12-04_h200", MAZE17_ROW),
     "Maze that must be read": ("results/maze/maze_cpu_read", MAZE_READ_ROW),
     "Maze, 9×9": ("results/maze/maze_cpu_long", MAZE_LONG_ROW),
+    "Math, SmolLM2-135M": ("results/math/math_smollm2_arith", MATH_ROW),
 
 
     "Allocation lab": ("results/lab/cpu_default", LAB_ROW),

@@ -1,7 +1,6 @@
 """The paired study on a pretrained LM (`sera_jax.studies.maze.lm`): which configs are LM
 studies, where their results go, the answer-blind control, validation before any model
-loads, and the run plan of disjoint `--methods` processes. The end-to-end LM run (SmolLM2)
-is slow and lives in tests/studies/test_math_reasoning.py's slow tests."""
+loads, and the run plan of disjoint `--methods` processes."""
 
 import os
 
@@ -85,35 +84,3 @@ def test_disjoint_methods_processes_never_share_a_run():
     assert [a for a, _ in setup.rl_plan(cfg, ["uniform", "sera"], [0])] == [
         "uniform", "sera", setup.NULL]
 
-
-@pytest.mark.slow
-def test_tiny_lm_study_runs_end_to_end_and_its_export_recomputes(tmp_path):
-    """The embedded SmolLM2 through every stage at tiny size: the start scored at each point
-    (no SFT), RL of uniform, SERA and the null, the report in the math study's words with
-    the answer-blind control, the gate, the answers table; the export recomputes equal."""
-    from sera_jax.records import read_json
-    from sera_jax.studies.maze import study
-    from sera_jax.studies.maze.export import export_results
-    from sera_jax.studies.maze.recompute import main as recompute_main
-
-    cfg = load("math/smollm2_arith_quick.py")
-    for field, value in (("rl.num_steps", 2), ("eval.every", 1), ("rl.prompts_per_step", 2),
-                         ("rl.rollouts_per_prompt", 2), ("rl.micro_batch_size", 2),
-                         ("eval.num_prompts", 4), ("eval.num_samples", 2),
-                         ("eval.curve_samples", 2), ("eval.train_prompts", 2),
-                         ("compare.primary.k", 2), ("compare.allow_blind_task", True),
-                         ("task.max_new_tokens", 6),
-                         ("compare.preregistration", str(tmp_path / "prereg.json"))):
-        util.set_field(cfg, field, value)
-    w = str(tmp_path / "w")
-    study.run(cfg, w, "preregister")
-    table = study.run(cfg, w, "all")
-    assert table["study"] == "math" and set(table["methods"]) == {"uniform", "sera", "null"}
-    assert table["validity"]["line"].count("problems") >= 1
-    assert table["sft"]["truncated_fraction"] is not None
-    md = open(os.path.join(w, "results", "comparison.md")).read()
-    assert "**Answers**" in md and "answer-blind" in md and "maze" not in md
-    assert "gate" in table["curves"] and table["curves"]["gate"]["ran"]
-    assert read_json(os.path.join(w, "sft", "validity.json"))["kind"] == "math"
-    out = export_results(cfg, w, out_dir=str(tmp_path / "export"))
-    assert recompute_main(out["dir"]) == 0
