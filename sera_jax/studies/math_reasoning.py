@@ -131,12 +131,7 @@ def validate(cfg: ml_collections.ConfigDict
     compared methods, each resolved once (`compare.methods` with the `rl.allocation.*` /
     `rl.estimator` overrides), and the seeds (`compare.seeds`)."""
     c = common.check
-    m = cfg.model
-    c(m.source in MODEL_SOURCES, "model.source", m.source, f"one of {MODEL_SOURCES}")
-    c(m.source == "embedded" or bool(m.path), "model.path", m.path,
-      "a GGUF file (source 'gguf') or a Hugging Face directory (source 'hf')")
-    for field in ("dtype", "param_dtype"):
-        c(m[field] in DTYPE_NAMES, f"model.{field}", m[field], f"one of {DTYPE_NAMES}")
+    validate_model(cfg)
     validate_task(cfg)
     c(cfg.rl.method is None, "rl.method", cfg.rl.method,
       "unset: the study sets it per run from config.compare.methods")
@@ -167,6 +162,17 @@ def validate(cfg: ml_collections.ConfigDict
     c(e.get("kv_cache_dtype", "") in CACHE_DTYPE_NAMES, "eval.kv_cache_dtype",
       e.get("kv_cache_dtype"), CACHE_DTYPE_HELP)
     return methods, seeds
+
+
+def validate_model(cfg: ml_collections.ConfigDict) -> None:
+    """The `model` block of a pretrained policy: source, path, dtypes (StudyError naming the
+    field); shared with the paired study on a pretrained LM (`maze.lm`)."""
+    c, m = common.check, cfg.model
+    c(m.source in MODEL_SOURCES, "model.source", m.source, f"one of {MODEL_SOURCES}")
+    c(m.source == "embedded" or bool(m.path), "model.path", m.path,
+      "a GGUF file (source 'gguf') or a Hugging Face directory (source 'hf')")
+    for field in ("dtype", "param_dtype"):
+        c(m[field] in DTYPE_NAMES, f"model.{field}", m[field], f"one of {DTYPE_NAMES}")
 
 
 def validate_task(cfg: ml_collections.ConfigDict) -> None:

@@ -93,16 +93,10 @@ def eval_sampling(cfg: ml_collections.ConfigDict, task: Any) -> SamplingConfig:
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
     """The model and task blocks of an LM study (StudyError naming the field)."""
-    from sera_jax.models.configs import DTYPE_NAMES
-    from sera_jax.models.policy import MODEL_SOURCES
-    from sera_jax.studies.math_reasoning import validate_task
+    from sera_jax.studies.math_reasoning import validate_model, validate_task
 
     c, m = common.check, cfg.model
-    c(m.source in MODEL_SOURCES, "model.source", m.source, f"one of {MODEL_SOURCES}")
-    c(m.source == "embedded" or bool(m.path), "model.path", m.path,
-      "a GGUF file (source 'gguf') or a Hugging Face directory (source 'hf')")
-    for field in ("dtype", "param_dtype"):
-        c(m[field] in DTYPE_NAMES, f"model.{field}", m[field], f"one of {DTYPE_NAMES}")
+    validate_model(cfg)
     c(m.get("init_checkpoint", "") in ("", None), "model.init_checkpoint",
       m.get("init_checkpoint"), "'' (the paired study starts from the pretrained policy)")
     validate_task(cfg)
