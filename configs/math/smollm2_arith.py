@@ -19,7 +19,8 @@ Why these numbers (`docs/results_math.md`, "Pilot"):
   shuffled-reward null 8.3 % -> 1.8 %, 53.9 % -> 21.1 %. RL learns fast here, so the
   curve is short and sampled early (steps 20-60) while pass@16 still has headroom.
 * Wall time: the start scored at 4 points + the noise keys (~10 min on one core), then
-  12 runs (uniform and SERA x 4 seeds, null x 2, A/A x 2) of ~11 min RL + 3 points x
+  12 runs (uniform and SERA x 4 seeds, null x 2 -- x 4 since the amendment --, A/A x 2)
+  of ~11 min RL + 3 points x
   ~2 min, 6 a core: ~1.8 h on 2 idle cores.
 
 Analysis, fixed before the run (`compare.primary`, committed in
@@ -84,7 +85,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.compare.seeds = (0, 1, 2, 3)
     c.compare.baseline = "uniform"
     c.compare.null = True  # uniform with rewards shuffled within each batch
-    c.compare.null_seeds = (0, 1)
+    # Amended 4 Dec 2026 (pre-registration "amendments", before these runs): 2 -> 4 null
+    # seeds. With 2, the gate's seed-level t band (1 degree of freedom) was [-20.5, +139.9]
+    # pp around a +59.7 pp difference; the primary endpoint and every other field unchanged.
+    c.compare.null_seeds = (0, 1, 2, 3)
+    c.compare.amendment = ("two null seeds gave the gate a seed-level t interval with one "
+                           "degree of freedom ([-20.5, +139.9] pp around +59.7): null seeds "
+                           "2 and 3 added; primary endpoint and all other fields unchanged")
     c.compare.aa = True  # the A/A control: uniform again, RL seed + aa_seed_offset
     c.compare.aa_seeds = (0, 1)
     c.compare.aa_seed_offset = 1000

@@ -29,6 +29,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.num_steps = 30
     c.compare.seeds = (0,)
     c.compare.null_seeds = (0,)
+    c.compare.amendment = ""  # the default's amendment is not this config's
     c.compare.aa = False
     c.compare.primary.window = 1
     c.eval.every = 0  # points 0 and 30

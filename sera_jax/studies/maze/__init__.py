@@ -34,6 +34,8 @@ Stages (each resumes or skips finished work, so re-running a killed command cont
   endpoint + config hash; the frontier's metric, window, lr grid and rules), to be committed
   before any RL run; rl / compare / all / frontier / matched refuse to start without it or
   when it differs from the config, and the aggregator refuses a changed primary.
+  `amend`: record in that file, dated and with `compare.amendment`'s reason, more seeds of
+  the control arms (null, A/A) and nothing else, before the runs it adds.
 * `frontier`: the lr frontier (`frontier`), the SFT start as uniform's lr -> 0 point;
   `matched`: the lr-matched uniform arm (`matched`: lr chosen by a written rule from the
   frontier, pre-registered, run, compared with SERA); `export`: the raw results under

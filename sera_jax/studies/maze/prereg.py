@@ -14,7 +14,13 @@ before any RL run, it holds, per section:
   lr-matched arm's rule and endpoint (`matched.MATCH_RULE`), and the hash of every lr's
   comparison fields;
 * `lr_matched` (added by `--stage=matched` from the frontier's results, before the arm
-  runs): the lr the rule chose and the numbers it read.
+  runs): the lr the rule chose and the numbers it read;
+* `amendments` (added by `--stage=amend`, each before the runs it adds): a dated list of
+  control-arm growths -- `compare.null_seeds` / `compare.aa_seeds` may only gain seeds, with
+  the primary endpoint and every other comparison field unchanged -- each with its reason
+  (`compare.amendment`), the fields it changed (old and new) and the amended config hash.
+  A config matches the pre-registration when its comparison equals the original section or
+  an amendment's (`comparison_hashes`); the report names every amendment with its date.
 
 `check_preregistration` (stages rl / compare / all / frontier / matched) refuses to start when
 the file is missing or its endpoint or hash differs from the config; `check_primary` (the
@@ -45,8 +51,12 @@ PREREGISTRATION = "preregistration.json"
 #: Run-fingerprint fields that do not change what a run computes (cadence, layout, seed).
 OMIT = ("start", "rl.seed", "rl.log_every", "rl.checkpoint_every", "rl.max_checkpoints_to_keep",
         "rl.multihost", "rl.async_checkpoint", "rl.mesh", "eval.batch_size")
-#: `config.compare` fields that say where the record lives, not what it records.
-COMPARE_OMIT = ("preregistration",)
+#: `config.compare` fields that say where the record lives or why it was amended, not what
+#: the comparison is.
+COMPARE_OMIT = ("preregistration", "amendment")
+#: The comparison fields an amendment may change, and only by adding seeds (control arms:
+#: more of them narrow the gate's seed-level band without touching the primary endpoint).
+AMENDABLE = ("compare.null_seeds", "compare.aa_seeds")
 
 
 def repo_root() -> str:
@@ -132,13 +142,17 @@ def write_preregistration(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     path = preregistration_path(cfg)
     sections = _sections(cfg)
     saved = read_json(path) if os.path.exists(path) else {}
-    for name, spec in sections.items():
-        if name in saved and loop.canonical(saved[name]) != loop.canonical(spec):
+    for name, spec in list(sections.items()):
+        if name == "comparison" and name in saved and spec["config_hash"] in \
+                comparison_hashes(saved)[1:]:
+            sections[name] = saved[name]  # an amended config: the original section stays
+        elif name in saved and loop.canonical(saved[name]) != loop.canonical(spec):
             raise common.StudyError(
                 f"{path} pre-registers another {name} than this config "
                 f"({_differences(saved[name], spec)}); a pre-registration is never rewritten: "
-                "keep the config, or, if no RL run has used it, delete the file deliberately "
-                "(git rm) and run --stage=preregister again, then commit it")
+                "keep the config; to add control-arm seeds only, say why in "
+                "compare.amendment and run --stage=amend; or, if no RL run has used it, delete "
+                "the file deliberately (git rm) and run --stage=preregister again, then commit it")
     record = {"config": str(cfg.get("name", "")), **saved, **sections}
     record.setdefault("written", datetime.date.today().isoformat())
     record.setdefault("note", "commit this file before any RL run; the study refuses to run "
@@ -146,6 +160,78 @@ def write_preregistration(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     if record != saved:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_json(path, record)
+    return {**record, "path": path}
+
+
+def _seeds(fields: dict[str, Any], path: str) -> list[int]:
+    """The seed list at `path` of comparison fields; () (= compare.seeds) resolved."""
+    value = fields["compare"].get(path.split(".")[-1]) or fields["compare"]["seeds"]
+    return [int(x) for x in value]
+
+
+def amendment_changes(saved: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """{path: [old seeds, new seeds]} of an admissible amendment from the comparison section
+    `saved` to `spec`; StudyError when the primary or any field outside `AMENDABLE` changed,
+    or a control's seeds would not be a strict superset (nothing to amend is refused too)."""
+    if loop.canonical(saved["primary"]) != loop.canonical(spec["primary"]):
+        raise common.StudyError(
+            f"an amendment cannot change the primary endpoint ({saved['primary']} -> "
+            f"{spec['primary']}); pre-register a new config under its own name instead")
+    changed = loop.changed_fields(saved["fields"], spec["fields"])
+    other = [c for c in changed if not any(c == a or c.startswith(a + ".") for a in AMENDABLE)]
+    if other:
+        raise common.StudyError(
+            f"an amendment may only add control-arm seeds ({', '.join(AMENDABLE)}); this "
+            f"config also changes {', '.join(other[:8])}: restore those fields, or pre-register "
+            "a new config under its own name")
+    out = {}
+    for path in AMENDABLE:
+        old, new = _seeds(saved["fields"], path), _seeds(spec["fields"], path)
+        if old != new:
+            if not set(old) < set(new):
+                raise common.StudyError(
+                    f"{path}: {old} -> {new}; an amendment may only add seeds (runs already "
+                    "made stay in the comparison)")
+            out[path] = [old, new]
+    if not out:
+        raise common.StudyError("nothing to amend: the config's comparison equals the "
+                                "pre-registration's latest section")
+    return out
+
+
+def comparison_hashes(saved: dict[str, Any]) -> list[str]:
+    """The config hashes a comparison may have: the original section's and each amendment's."""
+    return [saved["comparison"]["config_hash"]] + [
+        a["config_hash"] for a in saved.get("amendments", [])]
+
+
+def write_amendment(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+    """Append an amendment (module docstring) to the committed pre-registration: the config
+    adds control-arm seeds and says why in `compare.amendment`; the latest registered
+    comparison (the original with every earlier amendment applied) is what it amends."""
+    path = preregistration_path(cfg)
+    if not os.path.exists(path):
+        raise common.StudyError(f"no pre-registration at {path} to amend: run "
+                                "--stage=preregister first")
+    reason = str(cfg.compare.get("amendment", "") or "").strip()
+    if not reason:
+        raise common.StudyError("--stage=amend needs the reason in config.compare.amendment "
+                                "(one sentence, recorded in the pre-registration)")
+    saved = read_json(path)
+    spec = comparison_spec(cfg)
+    if spec["config_hash"] in comparison_hashes(saved):
+        return {**saved, "path": path}  # already recorded: re-running the stage is a no-op
+    latest = dict(saved["comparison"])
+    for a in saved.get("amendments", []):  # apply the earlier amendments' seed lists
+        fields = loop.canonical(latest["fields"])
+        for p, (_, new) in a["changed"].items():
+            fields["compare"][p.split(".")[-1]] = new
+        latest = {**latest, "fields": fields}
+    changes = amendment_changes(latest, spec)
+    record = {**saved, "amendments": saved.get("amendments", []) + [{
+        "written": datetime.date.today().isoformat(), "reason": reason, "changed": changes,
+        "config_hash": spec["config_hash"]}]}
+    write_json(path, record)
     return {**record, "path": path}
 
 
@@ -183,11 +269,14 @@ def check_preregistration(cfg: ml_collections.ConfigDict, section: str = "compar
     spec = comparison_spec(cfg) if section == "comparison" else frontier_spec(cfg)
     if section not in saved:
         raise common.StudyError(f"{path} has no {section!r} section: {fix}")
-    if loop.canonical(saved[section]) != loop.canonical(spec):
+    amended = (section == "comparison" and spec["config_hash"] in comparison_hashes(saved)
+               and loop.canonical(saved[section]["primary"]) == loop.canonical(spec["primary"]))
+    if not amended and loop.canonical(saved[section]) != loop.canonical(spec):
         raise common.StudyError(
             f"the config's {section} differs from its pre-registration {path} "
             f"({_differences(saved[section], spec)}): run the pre-registered config, or "
-            "pre-register a new config under its own name (a new config.name)")
+            "pre-register a new config under its own name (a new config.name); adding "
+            "control-arm seeds only: say why in compare.amendment and run --stage=amend")
     committed = git_committed(path)
     return {"path": path, "found": True, "committed": committed, "hash_matches": True,
             "primary_matches": True}
@@ -207,11 +296,16 @@ def check_primary(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
             f"pre-registered primary endpoint in {path}: {saved['primary']}; the primary "
             "cannot change after the pre-registration (read the other endpoint among the "
             "secondary ones)")
+    hashes = comparison_hashes(read_json(path))
+    amendments = [{k: a[k] for k in ("written", "reason", "changed")}
+                  for a in read_json(path).get("amendments", [])]
     return {"path": path, "found": True, "committed": git_committed(path),
-            "primary_matches": True, "hash_matches": saved["config_hash"] == spec["config_hash"],
-            "config_hash": saved["config_hash"]}
+            "primary_matches": True, "hash_matches": spec["config_hash"] in hashes,
+            "config_hash": spec["config_hash"] if spec["config_hash"] in hashes
+            else saved["config_hash"], "amendments": amendments}
 
 
-__all__ = ["PREREGISTRATION", "check_preregistration", "check_primary", "comparison_fields",
+__all__ = ["AMENDABLE", "PREREGISTRATION", "amendment_changes", "check_preregistration",
+           "comparison_hashes", "write_amendment", "check_primary", "comparison_fields",
            "comparison_spec", "arm_fields", "fields_hash", "frontier_spec", "git_committed",
            "preregistration_path", "repo_root", "write_preregistration"]

@@ -32,7 +32,7 @@ from sera_jax.studies.maze import lm
 from sera_jax.tasks import maze as maze_lib
 
 STAGES = ("sft", "rl", "eval", "all", "compare", "regime", "frontier", "preregister",
-          "matched", "export")
+          "amend", "matched", "export")
 #: The null-control arm: uniform with rewards permuted within each batch.
 NULL = "null"
 #: The A/A control arm: the baseline method again, RL seed `seed + compare.aa_seed_offset`,
@@ -302,6 +302,8 @@ def validate_compare(cfg: ml_collections.ConfigDict) -> None:
     c(isinstance(k.bootstrap_seed, int), "compare.bootstrap_seed", k.bootstrap_seed,
       "an integer")
     c(isinstance(k.get("aa", False), bool), "compare.aa", k.get("aa"), "True or False")
+    c(isinstance(k.get("amendment", ""), str), "compare.amendment", k.get("amendment"),
+      "a string: why the pre-registration is amended (--stage=amend)")
     if k.get("aa", False):
         common.int_list(k.aa_seeds, "compare.aa_seeds")  # () = compare.seeds
         c(isinstance(k.aa_seed_offset, int) and k.aa_seed_offset > 0, "compare.aa_seed_offset",

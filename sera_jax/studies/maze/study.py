@@ -20,7 +20,11 @@ from sera_jax.studies.maze.curves import preregister
 from sera_jax.studies.maze.export import export_results
 from sera_jax.studies.maze.frontier import frontier_markdown, stage_frontier, validate_frontier
 from sera_jax.studies.maze.matched import matched_markdown, stage_matched
-from sera_jax.studies.maze.prereg import check_preregistration, write_preregistration
+from sera_jax.studies.maze.prereg import (
+    check_preregistration,
+    write_amendment,
+    write_preregistration,
+)
 from sera_jax.studies.maze.regime import regime_markdown, stage_regime, validate_regime
 from sera_jax.studies.maze.report import aggregate, comparison_markdown
 from sera_jax.studies.maze.setup import (
@@ -63,6 +67,11 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     if stage == "preregister":  # before any RL run; commit the file it writes
         record = write_preregistration(cfg)
         logging.info("pre-registration of %s: %s (commit it before any RL run)",
+                     cfg.get("name"), record["path"])
+        return record
+    if stage == "amend":  # more control seeds; commit the file before the runs it adds
+        record = write_amendment(cfg)
+        logging.info("amended pre-registration of %s: %s (commit it before the runs it adds)",
                      cfg.get("name"), record["path"])
         return record
     workdir = common.prepare_workdir(workdir)

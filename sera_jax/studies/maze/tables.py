@@ -223,9 +223,13 @@ def _prereg_sentence(table: dict[str, Any]) -> str:
         return ""
     if not p.get("found"):
         return f" Committed pre-registration: **none** ({p['path']})."
+    amended = "".join(
+        f" Amended {a['written']} ({a['reason']}): " + "; ".join(
+            f"{path} {old} -> {new}" for path, (old, new) in a["changed"].items()) + "."
+        for a in p.get("amendments", []))
     return (f" Committed pre-registration {p['path']}: primary matches"
             f"{'' if p.get('hash_matches') else '; config hash DIFFERS'}"
-            f"{'' if p.get('committed') else '; file not committed in git'}.")
+            f"{'' if p.get('committed') else '; file not committed in git'}.{amended}")
 
 
 def _ci(e: dict[str, float]) -> str:

@@ -101,3 +101,48 @@ def test_matched_choice_is_written_before_the_arm_and_fixed_once(tmp_path):
         matched.record_choice(cfg, other)
     prereg.check_preregistration(cfg)  # the added section leaves the others valid
     prereg.check_preregistration(cfg, "frontier")
+
+
+def test_amendment_adds_control_seeds_only_and_is_recorded(tmp_path):
+    path = tmp_path / "p.json"
+    cfg = _tiny(path)
+    cfg.compare.null_seeds = (0,)
+    prereg.write_preregistration(cfg)
+    original = json.load(open(path))
+    more = util.set_field(_tiny(path), "compare.null_seeds", (0, 1, 2))
+    with pytest.raises(common.StudyError, match="compare.amendment and run --stage=amend"):
+        prereg.check_preregistration(more)
+    with pytest.raises(common.StudyError, match="needs the reason in config.compare.amendment"):
+        study.run(more, str(tmp_path / "w"), "amend")
+    more.compare.amendment = "two null seeds left the gate's t band wide"
+    rec = study.run(more, str(tmp_path / "w"), "amend")
+    (amendment,) = rec["amendments"]
+    assert amendment["changed"] == {"compare.null_seeds": [[0], [0, 1, 2]]}
+    assert amendment["reason"].startswith("two null seeds")
+    saved = json.load(open(path))
+    assert saved["comparison"] == original["comparison"]  # the original section stays
+    assert prereg.check_preregistration(more)["hash_matches"]
+    prereg.check_preregistration(util.set_field(_tiny(path), "compare.null_seeds", (0,)))
+    prereg.write_preregistration(more)  # the amended config confirms, never rewrites
+    assert json.load(open(path)) == saved
+    study.run(more, str(tmp_path / "w"), "amend")  # recorded already: a no-op
+    assert json.load(open(path)) == saved
+    prim = prereg.check_primary(more)
+    assert prim["hash_matches"] and prim["amendments"][0]["reason"] == amendment["reason"]
+    # A second amendment grows from the amended seeds; anything else is refused.
+    for field, value, match in (("compare.null_seeds", (0, 2), "may only add seeds"),
+                                ("rl.num_steps", 2, r"also changes arms\.aa\.rl\.num_steps"),
+                                ("compare.primary.k", 4, "cannot change the primary")):
+        bad = util.set_field(util.set_field(_tiny(path), "compare.null_seeds", (0, 1, 2)),
+                             field, value)
+        bad.compare.amendment = "x"
+        with pytest.raises(common.StudyError, match=match):
+            prereg.write_amendment(bad)
+    aa = util.set_field(util.set_field(_tiny(path), "compare.null_seeds", (0, 1, 2)),
+                        "compare.aa_seeds", (0, 1, 5))
+    aa.compare.amendment = "more A/A seeds"
+    assert len(prereg.write_amendment(aa)["amendments"]) == 2
+    assert prereg.check_preregistration(aa)["hash_matches"]
+    from sera_jax.studies.maze import tables
+
+    assert "Amended" in tables._prereg_sentence({"preregistration": prereg.check_primary(aa)})
