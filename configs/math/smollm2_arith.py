@@ -76,7 +76,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.share_prompt_prefix = True
     c.rl.train_length_bucket = 8
     c.rl.checkpoint_every = 10
-    c.rl.max_checkpoints_to_keep = 2
+    # One checkpoint a run: 1.4 GB (float32 parameters + AdamW moments); 12 runs keeping two
+    # filled this machine's disk. Not hashed: cadence, not what a run computes.
+    c.rl.max_checkpoints_to_keep = 1
     c.rl.log_every = 5
     c.rl.mesh.data = -1
 

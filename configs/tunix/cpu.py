@@ -23,6 +23,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.task = ml_collections.ConfigDict()
     c.task.num_prompts = 8  # M: the dataset; prompt ids 0..M-1 key the history
+    c.task.templates = "add,mul"  # one-step problems of sera_jax.tasks.mathqa.problems
 
     c.rl = ml_collections.ConfigDict()
     c.rl.num_steps = 6

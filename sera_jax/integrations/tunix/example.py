@@ -105,14 +105,16 @@ def make_cluster(model: Any, tokenizer: Any, *, optimizer: optax.GradientTransfo
 
 
 def arithmetic_batches(num_prompts: int, prompts_per_step: int, num_steps: int, seed: int,
-                       prompt: Callable[[str], str] | None = None
+                       prompt: Callable[[str], str] | None = None,
+                       templates: Sequence[str] = ("add", "mul")
                        ) -> list[dict[str, np.ndarray]]:
-    """`num_steps` batches cycling through `num_prompts` generated problems (one-step add and
-    mul), each `{"prompts", "answer", "prompt_id"}`; the problem order is reshuffled every
-    epoch from `seed`. prompt_id is the problem's index: the history's stable key. `prompt`
-    maps a question to the prompt text (default: the question and a space)."""
+    """`num_steps` batches cycling through `num_prompts` generated one-step problems of
+    `templates` (`sera_jax.tasks.mathqa.problems`), each `{"prompts", "answer",
+    "prompt_id"}`; the problem order is reshuffled every epoch from `seed`. prompt_id is the
+    problem's index: the history's stable key. `prompt` maps a question to the prompt text
+    (default: the question and a space)."""
     data = problems.generate_arithmetic(num_prompts, 0, seed=seed, steps=(1,),
-                                        templates=("add", "mul"))["train"]
+                                        templates=tuple(templates))["train"]
     prompt = prompt or (lambda question: question + " ")
     rng = np.random.default_rng(seed)
     order = np.concatenate([rng.permutation(num_prompts)
@@ -133,9 +135,19 @@ def math_reward(prompts: Sequence[str], completions: Sequence[str], answer: Sequ
     return [grader.grade(c, str(a), timeout_s=1) for c, a in zip(completions, answer)]
 
 
+def templates_of(c: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """`c.task.templates` (comma-separated names of `problems.TEMPLATE_NAMES`; default
+    "add,mul") as a tuple."""
+    return tuple(t.strip() for t in str(c.task.get("templates", "add,mul")).split(",")
+                 if t.strip())
+
+
 def validate_config(c: ml_collections.ConfigDict) -> None:
     """ValueError naming the first bad field (before any model is built)."""
     rl = c.rl
+    names = templates_of(c)
+    check(bool(names) and set(names) <= set(problems.TEMPLATE_NAMES), "task.templates",
+          c.task.get("templates"), f"comma-separated names of {problems.TEMPLATE_NAMES}")
     for field in ("num_steps", "prompts_per_step", "rollouts_per_prompt"):
         check(is_positive_int(rl[field]), f"rl.{field}", rl[field], "an integer >= 1")
     check(rl.rollouts_per_prompt >= 2, "rl.rollouts_per_prompt", rl.rollouts_per_prompt,
@@ -200,7 +212,8 @@ def run_method(c: ml_collections.ConfigDict, name: str, workdir: str | None
 
     learner._log = log_and_print
     learner.train(arithmetic_batches(c.task.num_prompts, c.rl.prompts_per_step,
-                                     c.rl.num_steps * c.rl.max_rounds, c.seed, prompt))
+                                     c.rl.num_steps * c.rl.max_rounds, c.seed, prompt,
+                                     templates_of(c)))
     return learner
 
 

@@ -2,6 +2,7 @@
 studies, where their results go, the answer-blind control, validation before any model
 loads, and the run plan of disjoint `--methods` processes."""
 
+import json
 import os
 
 import numpy as np
@@ -84,3 +85,80 @@ def test_disjoint_methods_processes_never_share_a_run():
     assert [a for a, _ in setup.rl_plan(cfg, ["uniform", "sera"], [0])] == [
         "uniform", "sera", setup.NULL]
 
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def tiny_lm_study(tmp_path_factory):
+    """The math default's protocol on a tiny random 2-layer LM (a byte tokenizer, written as a
+    Hugging Face checkpoint): pre-registration, the start scored at every point, uniform /
+    SERA / null over 4 steps, the aggregate and the export, on one device (the sharded
+    paths are the engine's tests; the 8 host devices of the suite would only add compiles)."""
+    from flax import nnx
+
+    from sera_jax.models.decoder import Decoder, DecoderConfig
+    from sera_jax.models.weights import save_hf_checkpoint
+    from sera_jax.studies.maze import study
+    from tests.studies.test_math_reasoning import write_byte_tokenizer
+
+    policy = str(tmp_path_factory.mktemp("tiny_lm"))
+    vocab = write_byte_tokenizer(policy)
+    save_hf_checkpoint(Decoder(DecoderConfig(vocab_size=vocab, hidden_size=32,
+                                             intermediate_size=64, num_layers=2, num_heads=2,
+                                             num_kv_heads=1, qkv_bias=True, name="tiny"),
+                               rngs=nnx.Rngs(0)), policy, model_type="qwen2")
+    cfg = load("math/smollm2_arith_quick.py")
+    cfg.name = "math_tiny_test"
+    cfg.model.source, cfg.model.path = "hf", policy
+    cfg.task.update(num_train=8, num_eval=8, chat=False, max_new_tokens=4)
+    cfg.rl.update(num_steps=4, prompts_per_step=4, rollouts_per_prompt=2, micro_batch_size=4,
+                  checkpoint_every=2, log_every=1)
+    cfg.rl.allocation.n_max = 4
+    cfg.rl.optimizer.learning_rate = 1e-3
+    cfg.rl.mesh.data = 1
+    cfg.eval.update(every=2, num_prompts=8, train_prompts=4, num_samples=4, curve_samples=4,
+                    batch_size=16)
+    cfg.compare.primary.k = 4
+    cfg.compare.bootstrap = 200
+    cfg.compare.allow_blind_task = True  # a random policy cannot beat the blind guesser
+    root = tmp_path_factory.mktemp("lm_study")
+    cfg.compare.preregistration = str(root / "preregistration.json")
+    work = str(root / "w")
+    study.run(cfg, work, "preregister")
+    study.run(cfg, work, "sft")
+    study.run(cfg, work, "rl")
+    table = study.run(cfg, work, "eval")
+    from sera_jax.studies.maze.export import export_results
+
+    export = export_results(cfg, work, out_dir=str(root / "export"))
+    return cfg, work, table, export
+
+
+@pytest.mark.slow
+def test_lm_study_end_to_end_at_tiny_size(tiny_lm_study):
+    from sera_jax.records import read_jsonl
+    from sera_jax.studies.maze import recompute, study, tables
+
+    cfg, work, table, export = tiny_lm_study
+    assert table["study"] == "math" and table["blind"]["kind"] == "math"
+    assert set(table["methods"]) >= {"uniform", "sera"}
+    assert table["null_control"] is not None and table["preregistration"]["hash_matches"]
+    # The start is the pretrained policy at step 0, scored at every point with its keys.
+    assert {"answer_length", "truncated_fraction"} <= set(table["sft"])
+    assert sorted(int(p) for p in table["curves"]["points"]) == [0, 2, 4]
+    train = read_jsonl(os.path.join(setup.run_dir(work, "sera", 0), "train.jsonl"))
+    assert [r["step"] for r in train] == [1, 2, 3, 4]
+    assert all(r["rollouts"] == 8 for r in train)  # the budget P x N0 every step
+    md = tables.comparison_markdown(table)
+    assert "problem" in md and "maze" not in md.lower()
+    # The export recomputes to the last value; a finished run re-run is a no-op.
+    out = recompute.recompute(export["dir"])
+    saved = json.load(open(os.path.join(export["dir"], "comparison.json")))
+    assert recompute.compare_numbers(out["comparison"], {
+        k: v for k, v in saved.items() if k != "preregistration"}, tol=1e-12) == []
+    before = os.path.getmtime(os.path.join(setup.run_dir(work, "uniform", 0), "train.jsonl"))
+    study.run(cfg, work, "rl")
+    assert os.path.getmtime(os.path.join(setup.run_dir(work, "uniform", 0),
+                                         "train.jsonl")) == before
