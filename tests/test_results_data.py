@@ -41,10 +41,7 @@ DEVICE = os.path.join(ROOT, "results", "device", "2026-12-04_h200")
 MAZE_READ = os.path.join(ROOT, "results", "maze", "maze_cpu_read")
 
 #: README rows (by the start of their first cell) whose data is not committed yet.
-UNTRACED = {
-    "Speed vs PyTorch": "measured at 7813cdc, before the 2 Dec refactor; no results file: to "
-                        "be re-measured at HEAD (issue 39 item 1)",
-}
+UNTRACED: dict[str, str] = {}
 
 
 # ----------------------------------------------------------------------------- the README
@@ -849,6 +846,58 @@ def test_math_page_tables_come_from_the_data():
                          f"results/math/math_smollm2_arith/comparison.json: {missing}")
 
 
+# ----------------------------------------------------------------------------- speed
+
+SPEED = os.path.join(ROOT, "results", "speed", "2026-12-04_cpu_head")
+
+
+@functools.cache
+def speed_table(name: str) -> list[dict[str, str]]:
+    """The markdown table of a committed benchmark report, as {header: cell} rows."""
+    with open(os.path.join(SPEED, name)) as f:
+        lines = [ln for ln in f if ln.startswith("|")]
+    head = [c.strip() for c in lines[0].strip().strip("|").split("|")]
+    return [dict(zip(head, (c.strip() for c in ln.strip().strip("|").split("|"))))
+            for ln in lines[2:]]
+
+
+def _ratio(cell: str) -> float:
+    """The first ratio of a '2.32x / 2.31x' cell."""
+    return float(cell.split("x")[0])
+
+
+def _step(task: str, *variants: str) -> list[float]:
+    """sera_jax uniform's step ratio vs PyTorch (wall) for each variant ('' = plain)."""
+    rows = {r["side"]: r for r in speed_table(f"rl_step_{task}.md")}
+    return [_ratio(rows["sera_jax uniform" + (f" ({v})" if v else "")]
+                   ["speed-up vs PyTorch (wall / CPU)"]) for v in variants]
+
+
+def _span(values: Sequence[float], digits: int, end: int) -> str:
+    return f"{sorted(values)[end]:.{digits}f}"
+
+
+def _alloc() -> list[float]:
+    return [_ratio(r["speed-up (wall / cpu)"]) for r in speed_table("allocation.md")
+            if int(r["P"].replace(",", "")) >= 65536]
+
+
+SPEED_ROW: list[Derivation] = [
+    ("maze plain", lambda: f"{_step('maze', '')[0]:.2f}"),
+    ("maze shared variants, low", lambda: _span(_step("maze", "shared", "packed_shared"), 2, 0)),
+    ("... high", lambda: _span(_step("maze", "shared", "packed_shared"), 2, -1)),
+    ("math plain", lambda: f"{_step('math', '')[0]:.2f}"),
+    ("math shared variants, low", lambda: _span(_step("math", "shared", "packed_shared"), 2, 0)),
+    ("... high", lambda: _span(_step("math", "shared", "packed_shared"), 2, -1)),
+    ("allocator wall speed-up at P >= 65,536, low", lambda: _span(_alloc(), 1, 0)),
+    ("... high", lambda: _span(_alloc(), 1, -1)),
+    ("the P threshold", given("65,536", "the sizes _alloc reads (allocation.md's P column)")),
+    ("sampler speed-up, low", lambda: _span(
+        [_ratio(r["speed-up"]) for r in speed_table("sampler.md")], 2, 0)),
+    ("... high", lambda: _span([_ratio(r["speed-up"]) for r in speed_table("sampler.md")], 2, -1)),
+]
+
+
 #: README rows (by the start of their first cell) whose numbers are derived from the data.
 TRACED: dict[str, tuple[str, list[Derivation]]] = {
     "Gradient alignment, digits": ("results/alignment/digits", ALIGNMENT_ROW),
@@ -859,6 +908,7 @@ TRACED: dict[str, tuple[str, list[Derivation]]] = {
 
 
     "Allocation lab": ("results/lab/cpu_default", LAB_ROW),
+    "Speed vs PyTorch": ("results/speed/2026-12-04_cpu_head", SPEED_ROW),
 }
 
 
