@@ -272,6 +272,33 @@ def test_example_config_and_data():
     assert example.math_reward(None, ["so 12", "13"], ["12", "12"]) == [1.0, 0.0]
 
 
+def test_example_skips_finished_methods_and_refuses_another_config(tmp_path, monkeypatch):
+    """A re-run of the example binary skips each method whose records were written (its
+    learner is never built), and refuses a workdir made with another config."""
+    from sera_jax import config_files
+
+    calls = []
+
+    class Done:
+        def __init__(self, name):
+            self.records = [{"step": 0, "prompt_ids": [0], "p_hat": [float("nan")],
+                             "counts": [4], "reward_mean": 0.5, "length_mean": 3.0,
+                             "dapo/generated_rollouts": 4, "time": 1.0, "method": name}]
+
+    monkeypatch.setattr(example, "run_method",
+                        lambda c, name, workdir: calls.append(name) or Done(name))
+    cfg = config_files.get_config(os.path.join(os.path.dirname(__file__), "..", "..",
+                                               "configs", "tunix", "cpu.py"))
+    first = example.run(cfg, str(tmp_path))
+    assert calls == ["uniform", "sera"]
+    assert os.path.exists(tmp_path / "sera" / "records.json")
+    again = example.run(cfg, str(tmp_path))
+    assert calls == ["uniform", "sera"] and again["summary"] == first["summary"]
+    cfg.rl.num_steps = 7
+    with pytest.raises(ValueError, match=r"another config \(rl\.num_steps\)"):
+        example.run(cfg, str(tmp_path))
+
+
 @pytest.mark.slow
 def test_smollm2_gradient_equals_our_trainer():
     """SmolLM2-135M (embedded weights) in tunix's Llama-3: logits equal our decoder's, and

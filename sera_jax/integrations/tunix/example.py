@@ -10,6 +10,7 @@ to react to). `run(config, workdir)` is what experiments/tunix_sera.py calls.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -27,8 +28,8 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 from tunix.rl.rollout import base_rollout
 
+from sera_jax import loop, optim
 from sera_jax import methods as methods_lib
-from sera_jax import optim
 from sera_jax.integrations.tunix.learner import SeraLearner, SeraOptions
 from sera_jax.tasks.mathqa import grader, problems
 from sera_jax.validation import check, is_int, is_positive_int
@@ -234,14 +235,34 @@ def format_records(name: str, records: Sequence[dict[str, Any]]) -> str:
 
 def run(c: ml_collections.ConfigDict, workdir: str | None) -> dict[str, Any]:
     """Every method of `compare.methods` (or `rl.method`) from the same seed; the summary
-    lists each step's allocation and rewards."""
+    lists each step's allocation and rewards. With a workdir each finished method's records
+    go to `<workdir>/<method>/records.json` with the config that made them, and a re-run
+    skips that method (a changed config is refused: use another workdir)."""
     validate_config(c)
     logging.set_verbosity(logging.WARNING)  # tunix logs every prompt and completion at INFO
+    config = loop.canonical(c.to_dict())
     out = {}
     for name in tuple(c.compare.methods) or (c.rl.method,):
-        learner = run_method(c, name, workdir)
-        out[name] = learner.records
-        print(format_records(name, learner.records), flush=True)
+        done = os.path.join(workdir, name, "records.json") if workdir else None
+        if done and os.path.exists(done):
+            with open(done) as f:
+                saved = json.load(f)
+            if saved["config"] != config:
+                changed = ", ".join(loop.changed_fields(saved["config"], config)[:8])
+                raise ValueError(f"{done} was made with another config ({changed}); run the "
+                                 "changed config in a new workdir")
+            out[name] = saved["records"]
+            print(f"[{name}] finished earlier: {done}", flush=True)
+        else:
+            # The learner (model, optimiser state, compiled steps) is dropped before the next
+            # method starts: two SmolLM2 learners at once ran out of a 24 GB machine's memory.
+            out[name] = run_method(c, name, workdir).records
+            gc.collect()
+            if done:
+                os.makedirs(os.path.dirname(done), exist_ok=True)
+                with open(done, "w") as f:
+                    json.dump({"config": config, "records": out[name]}, f, indent=1)
+        print(format_records(name, out[name]), flush=True)
     summary = "\n\n".join(format_records(n, r) for n, r in out.items())
     if workdir:
         os.makedirs(workdir, exist_ok=True)
