@@ -942,3 +942,25 @@ def test_readme_row_numbers_come_from_the_data(key):
         f"the README's {key!r} row prints {len(printed)} numbers {printed}, the derivations "
         f"from {folder} give {len(derived)} {derived}:\n{report}")
     assert printed == derived, f"the README's {key!r} row vs {folder}:\n{report}"
+
+
+# ----------------------------------------------------------------------------- tunix
+
+
+def test_tunix_page_table_comes_from_the_records():
+    """docs/tunix.md's measured real-model table is derived from the committed records."""
+    with open(os.path.join(ROOT, "results", "tunix", "smollm2_math", "records.json")) as f:
+        records = json.load(f)
+    with open(os.path.join(ROOT, "docs", "tunix.md")) as f:
+        page = f.read()
+    for name, label in (("uniform", "uniform"), ("sera", "SERA")):
+        r = records[name]
+        reward = [x["reward_mean"] for x in r]
+        length = [x["length_mean"] for x in r]
+        row = (f"| {label} | {statistics.fmean(reward[:5]):.3f} | "
+               f"{statistics.fmean(reward[-5:]):.3f} | {statistics.fmean(reward):.3f} | "
+               f"{statistics.fmean(length[:5]):.1f} → {statistics.fmean(length[-5:]):.1f} | "
+               f"{sum(x['dapo/generated_rollouts'] for x in r)} / "
+               f"{sum(x['dapo/generated_tokens'] for x in r):,} |")
+        assert row in page, f"docs/tunix.md lacks the row derived from the records: {row}"
+        assert all(sum(x["counts"]) == 16 for x in r)  # the budget P x N0 every step
