@@ -18,7 +18,7 @@ every process starts with an empty accelerator. The parent never initialises a b
   attention         causal attention fwd+bwd at 4 x 4,096 tokens: `DecoderConfig.attention_impl`
                     "dot_product" (jax.nn.dot_product_attention, cuDNN on a GPU) vs "plain"
                     (benchmarks/attention_bench.py)
-  maze              `sera_jax.studies.maze.smoke` (the code path of experiments/maze_smoke.py)
+  maze              `sera_jax.studies.paired.smoke` (the code path of experiments/maze_smoke.py)
                     on configs/maze/maze17_paper.py: a few RL steps from a fresh policy
 
 Shapes come from the paper configs of the math setting (SERA_SPEC §7 "Math": N0 = 16
@@ -575,12 +575,12 @@ class ShapeTask(RLTask):
 
 
 def part_maze(smoke: bool, deadline: float) -> dict[str, Any]:
-    """A few RL steps of the maze paper config: `sera_jax.studies.maze.smoke`, the code path
+    """A few RL steps of the maze paper config: `sera_jax.studies.paired.smoke`, the code path
     of experiments/maze_smoke.py."""
     del deadline
     from sera_jax import config_files
     from sera_jax.models.configs import get_config
-    from sera_jax.studies import maze
+    from sera_jax.studies import paired
 
     path = _MAZE_CONFIG.value or str(ROOT / "configs" / "maze" /
                                      ("tiny.py" if smoke else "maze17_paper.py"))

@@ -1,5 +1,5 @@
 r"""One JSON of a maze study workdir, for the device command (`benchmarks/device_run.sh`):
-the SFT start's held-out pass@k beside the maze-blind control's (`sera_jax.studies.maze.blind`),
+the SFT start's held-out pass@k beside the maze-blind control's (`sera_jax.studies.paired.blind`),
 every arm's evaluation curve (pass@k, per-maze correct counts) and per-step training log,
 the stage timings and the comparison table when the eval stage finished. Works on a partial
 workdir (a stage cut by its budget): what is missing is said, not guessed.
@@ -18,8 +18,8 @@ from absl import app, flags
 
 from sera_jax import config_files
 from sera_jax.records import read_json, read_jsonl
-from sera_jax.studies.maze import blind
-from sera_jax.studies.maze.setup import build_task
+from sera_jax.studies.paired.kinds import maze as blind
+from sera_jax.studies.paired.spec import build_task
 
 _CONFIG = flags.DEFINE_string("config", "configs/maze/gpu17.py", "The study's config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "The study's workdir.", required=True)

@@ -193,7 +193,7 @@ def maze_setup(smoke: bool, model_choice: str, seed: int, sft_dir: str = "") -> 
     from sera_jax import sft as sft_lib
     from sera_jax.models.configs import MAZE_POLICY
     from sera_jax.models.decoder import Decoder, count_params
-    from sera_jax.studies import maze as maze_study
+    from sera_jax.studies import paired as maze_study
     from sera_jax.tasks.maze import task_from_config
 
     c = _config("maze/cpu_16step.py")

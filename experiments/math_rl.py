@@ -1,6 +1,6 @@
-r"""Math RL on a pretrained LM with the maze study's protocol (`sera_jax.studies.maze`, its
-LM start `lm`): uniform vs SERA with paired seeds, the shuffled-reward null and A/A controls,
-curves at common random numbers, a pre-registered primary endpoint.
+r"""Math RL on a pretrained LM, the paired protocol's math kind (`sera_jax.studies.paired`):
+uniform vs SERA with paired seeds, the shuffled-reward null and A/A controls, curves at common
+random numbers, a pre-registered primary endpoint.
 
     python -m experiments.math_rl --workdir=workdir/math_arith --stage=sft
     python -m experiments.math_rl --workdir=workdir/math_arith --stage=rl --seeds=0,2
@@ -13,7 +13,7 @@ there is no SFT); default config configs/math/smollm2_arith.py (its docstring ha
 from absl import flags
 
 from sera_jax.studies import common
-from sera_jax.studies.maze import study
+from sera_jax.studies.paired import study
 
 _STAGE = flags.DEFINE_enum("stage", "all", study.STAGES, "Which stage(s) to run.")
 _METHODS = flags.DEFINE_list("methods", None, "Methods (default: config.compare.methods).")

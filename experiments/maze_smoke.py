@@ -6,7 +6,7 @@ initialised policy on its mesh; prints the compile step, the step time and token
 
 No SFT, no checkpoints, nothing written (--workdir only holds the compilation cache).
 Multi-device through `--config.rl.mesh.*` (default: every device on the data axis). The
-recipe is `sera_jax.studies.maze.smoke`.
+recipe is `sera_jax.studies.paired.smoke`.
 """
 
 import json
@@ -14,7 +14,7 @@ import json
 from absl import flags
 
 from sera_jax.studies import common
-from sera_jax.studies.maze import accelerator
+from sera_jax.studies.paired import accelerator
 
 _STEPS = flags.DEFINE_integer("steps", 3, "RL steps to run (the first one compiles).")
 _METHOD = flags.DEFINE_string("method", "sera", "Method (a name of sera_jax.methods.METHODS).")

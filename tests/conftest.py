@@ -48,7 +48,7 @@ def pytest_unconfigure(config):
 # worker together, so the fixture is built once per session, not once per worker that
 # happens to draw one of its tests. Every other test is its own unit, as with `--dist load`.
 ONE_WORKER_MODULES = frozenset({
-    "tests/studies/maze/test_study.py",
+    "tests/studies/paired/test_study.py",
     "tests/studies/lab/test_train.py",
 })
 

@@ -450,7 +450,7 @@ def test_million_prompts():
 # --------------------------------------------------------------------------- int32 range
 # Counts are int32; sums over the batch (units below a level, n_max · #prompts at n_max)
 # reach P·n_max, which passes 2**31 long before the budget does. The budget identity must
-# hold for every accepted input of every allocator (issue 14, item 1).
+# hold for every accepted input of every allocator.
 
 INT32_MAX = 2**31 - 1
 RULES = [("sera", dict(mode=m, rounding=r)) for m in ("dynamic", "equalized")

@@ -1,5 +1,5 @@
-"""The dynamic active set ranks by u(p, n_max) even where u rounds to 1 (issue 24, class:
-a saturated ranking score falls back to index order)."""
+"""The dynamic active set ranks by u(p, n_max) even where u rounds to 1 (a saturated
+ranking score must not fall back to index order)."""
 
 import jax
 import jax.numpy as jnp

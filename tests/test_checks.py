@@ -1,4 +1,4 @@
-"""Checked mode (`sera_jax.checks`): bad values are refused under jit too (issue 24)."""
+"""Checked mode (`sera_jax.checks`): bad values are refused under jit too."""
 
 import jax
 import jax.numpy as jnp

@@ -321,7 +321,7 @@ def test_nonfinite_message_names_what_failed(tmp_path, loss, grad_norm, message)
     assert os.path.join(str(tmp_path), "checkpoints", "1") in str(err.value)
 
 
-# ------------------------------------------------------- issue 24: rough edges of the loop
+# ------------------------------------------------------------- rough edges of the loop
 
 
 class _CountingProgram:

@@ -23,7 +23,7 @@ from sera_jax.rl import trainer as trainer_lib
 from sera_jax.sampling import SamplingConfig, cache_length, generate, generate_with_cache
 from sera_jax.studies import common
 from sera_jax.studies import math_reasoning as mr
-from sera_jax.studies import maze as maze_study
+from sera_jax.studies import paired as maze_study
 from tests.rl.test_trainer import one_device_mesh, small_config
 from tests.rl.toy import EmitTask, tiny_model
 from tests.util import ROOT

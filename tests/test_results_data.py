@@ -387,7 +387,7 @@ def _curve_cell(comparison: str, k: str, step: int) -> str:
 def maze_read_page_rows() -> set[str]:
     """Every table row the read-the-maze section may print: the report's own markdown of the
     committed comparison.json, and the over-training table derived from its curves."""
-    from sera_jax.studies.maze.tables import comparison_markdown
+    from sera_jax.studies.paired.tables import comparison_markdown
 
     rows = set(comparison_markdown(maze_read()["table"]).splitlines())
     steps = [s for s in maze_read()["table"]["curves"]["steps"] if s > 0]
@@ -401,7 +401,7 @@ def maze_read_page_rows() -> set[str]:
 
 
 def test_maze_read_frontier_table_comes_from_the_data():
-    from sera_jax.studies.maze.frontier import frontier_markdown
+    from sera_jax.studies.paired.frontier import frontier_markdown
 
     with open(os.path.join(MAZE_READ, "frontier.json")) as f:
         allowed = set(frontier_markdown(json.load(f)).splitlines())
@@ -551,7 +551,7 @@ def _regime_range(k: int, fn, untied: bool = False) -> str:
 
 
 def _aa_final_max() -> float:
-    return max(abs(lab()[f]["vs_uniform"]["uniform_aa"][k].mean) for f in ("main", "maze")
+    return max(abs(lab()[f]["vs_uniform"]["aa"][k].mean) for f in ("main", "maze")
                for k in _lab_config()["report"]["table_ks"])
 
 
@@ -833,7 +833,7 @@ MATH_ROW: list[Derivation] = [
 def test_math_page_tables_come_from_the_data():
     """Every table row of the math default's section is a row of the report's own markdown
     of the committed comparison.json."""
-    from sera_jax.studies.maze.tables import comparison_markdown
+    from sera_jax.studies.paired.tables import comparison_markdown
 
     with open(os.path.join(ROOT, "docs", "results_math.md")) as f:
         page = f.read()

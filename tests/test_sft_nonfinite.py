@@ -1,5 +1,5 @@
 """SFT stopped on a non-finite step before any checkpoint: the message promises no
-checkpoint to resume from (issue 24)."""
+checkpoint to resume from."""
 
 import pytest
 

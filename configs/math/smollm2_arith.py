@@ -1,7 +1,7 @@
 r"""Math RL where the pretrained model learns, on 2 CPU cores (issue 38): SmolLM2-135M-Instruct
 on small arithmetic, uniform MaxRL vs SERA with paired seeds, the shuffled-reward null and
 the A/A control, curves at common random numbers, a pre-registered primary endpoint -- the
-maze study's protocol and code (`sera_jax.studies.maze`, its pretrained-LM start `lm`).
+maze study's protocol and code (`sera_jax.studies.paired`, its pretrained-LM start `lm`).
 
 Why these numbers (`docs/results_math.md`, "Pilot"):
 
@@ -50,6 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
     base = cpu.get_config()
     c = ml_collections.ConfigDict()
     c.name = "math_smollm2_arith"
+    c.kind = "math"  # the task kind (sera_jax.studies.paired.kinds)
 
     c.model = base.model  # the embedded SmolLM2-135M-Instruct (`make smollm2`), float32
     c.task = base.task
@@ -109,6 +110,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.compare.bootstrap = 2000
     c.compare.level = 0.95
     c.compare.bootstrap_seed = 0
+    # True: the RL stages run without a pre-registration and every output says exploratory.
+    c.compare.exploratory = False
     c.compare.preregistration = ""  # '' = results/math/<name>/preregistration.json
 
     # The lr frontier (`--stage=frontier`, after the comparison): uniform at each lr, the

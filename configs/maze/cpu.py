@@ -26,7 +26,7 @@ Why these numbers (`docs/results_maze.md`, "9×9 long horizon: a task a blind gu
   1.6 % / 53.6 %: too sparse a reward for 8 rollouts a prompt).
 * The gradient-preserving speed options are on (micro-batches of 16 rows, zero-advantage
   rows skipped, the prompt prefix shared, completions cut to 8-token buckets): the same
-  gradient as the plain path up to float summation order (tests/studies/maze).
+  gradient as the plain path up to float summation order (tests/studies/paired).
 
 Analysis, fixed before the run (`compare.primary`, recorded in the workdir's
 preregistered.json at the first RL run): SERA − uniform on held-out pass@64, averaged over
@@ -50,6 +50,7 @@ from sera_jax.rl import config as rl_config
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.name = "maze_cpu_long"
+    c.kind = "maze"  # the task kind (sera_jax.studies.paired.kinds)
 
     c.task = ml_collections.ConfigDict()
     c.task.size = 9
@@ -107,7 +108,7 @@ def get_config() -> ml_collections.ConfigDict:
     # averaged over the last `window` evaluation points.
     c.compare.primary = ml_collections.ConfigDict(dict(method="sera", split="eval", k=64,
                                                        window=3))
-    # lr frontiers and the lr pilot (`--stage=frontier`, sera_jax.studies.maze.frontier; not
+    # lr frontiers and the lr pilot (`--stage=frontier`, sera_jax.studies.paired.frontier; not
     # part of the default command): each method's (pass@1, pass@k) over the lr grid, each
     # lr's gate; the config's own lr reuses the default comparison's runs.
     c.frontier = ml_collections.ConfigDict()
@@ -117,7 +118,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.frontier.null = True
     c.frontier.null_seeds = (0, 1)
     c.compare.gate_floor_multiple = 2.0  # gate: baseline − null > 2 x the noise floor
-    # The validity gate (issue 37, sera_jax.studies.maze.validity): no RL comparison on a
+    # The validity gate (issue 37, sera_jax.studies.paired.validity): no RL comparison on a
     # start that a maze-blind guesser matches -- start held-out pass@1 >= 2 x blind's and
     # blind pass@k <= 0.5 x the start's (k: the primary's). This 9x9 task FAILS it (start
     # 4.9 / 84.0 % vs blind 4.3 / 86.9 % at pass@1 / pass@64), so its RL stages refuse; its
@@ -130,6 +131,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.compare.bootstrap = 2000  # resamples of the final-point paired bootstrap
     c.compare.level = 0.95
     c.compare.bootstrap_seed = 0
+    # '' = results/<kind>/<name>/preregistration.json; the reason of a --stage=amend.
+    c.compare.preregistration = ""
+    c.compare.amendment = ""
+    # True: the RL stages run without a pre-registration and every output says exploratory.
+    c.compare.exploratory = False
 
     c.eval = ml_collections.ConfigDict()
     c.eval.num_samples = 128  # pass@k for k = 1, 2, 4, ..., 128

@@ -23,6 +23,7 @@ from sera_jax.rl import config as rl_config
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.name = "maze_cpu_16step"
+    c.kind = "maze"  # the task kind (sera_jax.studies.paired.kinds)
 
     c.task = ml_collections.ConfigDict()
     c.task.size = 9
@@ -81,6 +82,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.compare.bootstrap = 2000  # resamples of the paired bootstrap over mazes and seeds
     c.compare.level = 0.95
     c.compare.bootstrap_seed = 0
+    # '' = results/<kind>/<name>/preregistration.json; the reason of a --stage=amend.
+    c.compare.preregistration = ""
+    c.compare.amendment = ""
+    # True: the RL stages run without a pre-registration and every output says exploratory.
+    c.compare.exploratory = True  # never pre-registered: no primary endpoint
 
     c.eval = ml_collections.ConfigDict()
     c.eval.num_samples = 128  # final evaluation: pass@k for k = 1, 2, 4, ..., 128

@@ -7,7 +7,7 @@ configs/maze/cpu.py's.
 Why these numbers (`docs/results_maze.md`, "Pilots for a maze that must be read (issue 37)"):
 
 * 9x9 Prim's mazes (cpu.py) can be solved without reading them: a maze-blind guesser (SFT
-  answers at their SFT frequency, `sera_jax.studies.maze.blind`) scores held-out pass@64
+  answers at their SFT frequency, `sera_jax.studies.paired.blind`) scores held-out pass@64
   ~87 %, above cpu.py's SFT start. 11x11 depth-first (backtracker) mazes have long, varied
   answers (median 28 moves; 125 distinct answers among the 128 held-out mazes): blind
   held-out pass@1 0.067 %, pass@64 3.9 %, pass@128 7.2 % (with this config's 16,000 SFT

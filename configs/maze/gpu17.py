@@ -29,6 +29,7 @@ from sera_jax.rl import config as rl_config
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.name = "maze17_gpu"
+    c.kind = "maze"  # the task kind (sera_jax.studies.paired.kinds)
 
     # The paper's task (SERA_SPEC §7): 17x17 Prim's mazes, 310-token prompts.
     c.task = ml_collections.ConfigDict(dict(size=17, num_train=1024, num_eval=256,
@@ -83,6 +84,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.compare.bootstrap = 2000
     c.compare.level = 0.95
     c.compare.bootstrap_seed = 0
+    # '' = results/<kind>/<name>/preregistration.json; the reason of a --stage=amend.
+    c.compare.preregistration = ""
+    c.compare.amendment = ""
+    # True: the RL stages run without a pre-registration and every output says exploratory.
+    c.compare.exploratory = False
     # lr frontier around the paper's lr (`--stage=frontier`; not part of the device command).
     c.frontier = ml_collections.ConfigDict(dict(
         learning_rates=(3e-5, 1e-4, 3e-4), methods=("uniform", "sera"), seeds=(0, 1, 2),

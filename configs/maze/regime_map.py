@@ -22,6 +22,7 @@ cpu = config_files.sibling(__file__, "cpu_16step.py")
 def get_config() -> ml_collections.ConfigDict:
     c = cpu.get_config()
     c.name = "maze_regime_map"
+    c.compare.exploratory = True  # a sweep, not a pre-registered comparison
     c.regime = ml_collections.ConfigDict()
     c.regime.prompts_per_step = (8, 16, 32)  # P (<= task.num_train = 32)
     c.regime.rollouts_per_prompt = (4, 8, 16)  # N0

@@ -24,6 +24,7 @@ cpu = config_files.sibling(__file__, "cpu_16step.py")
 def get_config() -> ml_collections.ConfigDict:
     c = cpu.get_config()
     c.name = "maze_theta_sweep"
+    c.compare.exploratory = True  # a sweep, not a pre-registered comparison
     c.regime = ml_collections.ConfigDict()
     c.regime.prompts_per_step = (32,)  # the default's shape: its runs are reused
     c.regime.rollouts_per_prompt = (8,)

@@ -17,6 +17,9 @@ cpu = config_files.sibling(__file__, "cpu.py")
 def get_config() -> ml_collections.ConfigDict:
     c = cpu.get_config()
     c.name = "maze_tiny"
+    # A smoke config: every stage runs out of the box, as an exploration (no committed
+    # pre-registration; every output says so). --config.compare.exploratory=False is refused.
+    c.compare.exploratory = True
     c.task.size = 5
     c.task.num_train = 2  # there are only 4 distinct 5x5 perfect mazes
     c.task.num_eval = 1

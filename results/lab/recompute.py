@@ -7,12 +7,17 @@ Reads the run's folder alone (numpy, csv, gzip, json; no study code, no JAX) --
 `curves.csv.gz` (every arm's exact pass@k per seed, evaluation and split), `diagnostics.csv.gz`
 (per-seed sums of the per-step metrics), `initial_p.csv.gz` (held-out initial p),
 `config.json`, `stamp.json` -- and rebuilds every table and number of the study's
-`summary.md` with the study's arithmetic (`sera_jax.studies.lab.cells`, `regime`, `stats`:
-final pass@k means, paired Student-t intervals over the 64 seeds, the gate, the A/A count,
-the regime winners, the diagnostics means), re-implemented here in numpy. Prints it, then
-compares it line by line with (1) the run's `summary.md` and (2) the page's "Measured
-tables" section from its first sub-heading on (headings compared without their '#' marks).
-Exit status 1 when any line differs (a unified diff says which), 0 when all match.
+`summary.md` with the study's arithmetic (`sera_jax.studies.lab.cells`, `regime` and
+`sera_jax.studies.compare`'s `seed_difference` / `winner` / `format_interval`: final pass@k
+means, paired Student-t intervals over the 64 seeds, the gate, the A/A count, the regime
+winners, the diagnostics means), re-implemented here in numpy. Prints it, then compares it
+line by line with (1) the run's `summary.md` and (2) the page's "Measured tables" section
+from its first sub-heading on (headings compared without their '#' marks). Exit status 1
+when any line differs (a unified diff says which), 0 when all match.
+
+The A/A arm is `aa` (as in the paired studies); the run's files call it by its old name
+`uniform_aa`, which `OLD_ARMS` maps to `aa` on reading: the arm column of `curves.csv.gz` and
+`diagnostics.csv.gz`, and the run's `summary.md` before it is compared.
 
 `numbers()` returns the same results as plain values (for the checks of the page's and the
 README's prose: `tests/test_results_data.py`).
@@ -26,6 +31,7 @@ import gzip
 import io
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -37,7 +43,9 @@ FOLDER = os.path.join(ROOT, "results", "lab", "cpu_default")
 DOC = os.path.join(ROOT, "docs", "results_lab.md")
 #: The page's section the tables live in (its heading starts so); it ends at the next `## `.
 SECTION = "## Measured tables"
-NULL, AA = "null", "uniform_aa"
+NULL, AA = "null", "aa"
+#: Arm names of files written before the A/A arm was renamed -> the current name.
+OLD_ARMS = {"uniform_aa": AA}
 SPLITS = ("train", "held-out")
 STEP_METRICS = ("cosine", "kappa_mean", "kappa_min", "active_frac", "mixed_frac",
                 "reward_mean", "phat_abs_err", "grad_norm", "loss", "generated")
@@ -50,8 +58,20 @@ T975 = {63: 1.998340542520741}
 
 
 def _gz_rows(path: str) -> list[dict[str, str]]:
+    """The rows of a gzipped csv; an `arm` column with its old names mapped (`OLD_ARMS`)."""
     with gzip.open(path, "rt", newline="") as f:
-        return list(csv.DictReader(io.StringIO(f.read())))
+        rows = list(csv.DictReader(io.StringIO(f.read())))
+    for r in rows:
+        if "arm" in r:
+            r["arm"] = OLD_ARMS.get(r["arm"], r["arm"])
+    return rows
+
+
+def renamed_arms(text: str) -> str:
+    """`text` with every old arm name (`OLD_ARMS`, as a whole word) replaced by the new one."""
+    for old, new in OLD_ARMS.items():
+        text = re.sub(rf"\b{re.escape(old)}\b", new, text)
+    return text
 
 
 def load(folder: str = FOLDER) -> dict[str, Any]:
@@ -112,7 +132,8 @@ def load(folder: str = FOLDER) -> dict[str, Any]:
 
 
 class Paired(NamedTuple):
-    """As `sera_jax.studies.lab.stats.Paired`: mean of a − b over seeds, 95 % t interval."""
+    """`sera_jax.studies.compare.seed_difference` (method 't'): mean of a − b over seeds,
+    95 % t interval; `fmt` as `compare.format_interval`."""
 
     mean: float
     lo: float
@@ -130,7 +151,7 @@ class Paired(NamedTuple):
 
 
 def paired(a: np.ndarray, b: np.ndarray) -> Paired:
-    """`stats.paired_t_ci`: mean(d) ± t_{0.975, S−1} · sd(d, ddof 1)/√S, d = a − b."""
+    """`compare.seed_difference`: mean(d) ± t_{0.975, S−1} · sd(d, ddof 1)/√S, d = a − b."""
     d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
     n = d.size
     half = T975[n - 1] * d.std(ddof=1) / np.sqrt(n)
@@ -143,6 +164,8 @@ def final(res: dict[str, Any], split: int, k_index: int) -> np.ndarray:
 
 
 def winner(samples: dict[str, np.ndarray]) -> tuple[str, list[str]]:
+    """`compare.winner`: the best mean, and the arms whose paired interval against it
+    contains 0."""
     names = list(samples)
     best = max(names, key=lambda n: float(np.mean(samples[n])))
     return best, [n for n in names if n != best
@@ -225,10 +248,10 @@ def report_cell(results, ks, table_ks, ref, names, lr, title="") -> list[str]:
     return lines + [
         f"## {title}Controls: gate, null, A/A (held-out, points)", "",
         "null = uniform with the rewards of each batch shuffled (same lr, budget and "
-        "rollouts); uniform_aa = uniform on another rollout stream (same task, initial "
+        f"rollouts); {AA} = uniform on another rollout stream (same task, initial "
         "policy and data order).", "", gate_line(g, lr), "",
         table_paired(results, ks, table_ks, 1, NULL, list(names) + [AA]), "",
-        f"A/A: uniform_aa − uniform has a CI excluding 0 in {sig} of {cells} (k, "
+        f"A/A: {AA} − uniform has a CI excluding 0 in {sig} of {cells} (k, "
         f"evaluation) cells ({100 * sig / cells:.1f} %; 5 % if the CIs were nominal and "
         "the cells independent).", "",
         table_paired(results, ks, table_ks, 1, "uniform", [AA]), ""]
@@ -441,7 +464,7 @@ def check(folder: str = FOLDER, doc: str = DOC, data: dict[str, Any] | None = No
     data = load(folder) if data is None else data
     text = summary(data)
     rel = os.path.relpath(folder, ROOT)
-    run_diff = _diff(_norm(data["summary"]), _norm(text), f"{rel}/summary.md",
+    run_diff = _diff(_norm(renamed_arms(data["summary"])), _norm(text), f"{rel}/summary.md",
                      f"regenerated from {rel}")
     with open(doc) as f:
         page = _norm(doc_section(f.read()))

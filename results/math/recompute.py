@@ -1,6 +1,6 @@
 """Recompute every number of an exported math comparison from the files in its folder alone:
 `python results/math/recompute.py results/math/<name>` (the maze study's code: the math
-study is that study on a pretrained LM, `sera_jax.studies.maze.lm`).
+study is that study on a pretrained LM, `sera_jax.studies.paired.lm`).
 
 Prints the recomputed tables, then for each JSON how many saved values were recomputed equal;
 exit status 1 when any differs.
@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from sera_jax.studies.maze.recompute import main  # noqa: E402
+from sera_jax.studies.paired.recompute import main  # noqa: E402
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:

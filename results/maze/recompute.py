@@ -2,7 +2,7 @@
 the files in its folder alone: `python results/maze/recompute.py results/maze/<name>`.
 
 Prints the recomputed tables, then for each JSON how many saved values were recomputed equal;
-exit status 1 when any differs. The arithmetic is `sera_jax.studies.maze.recompute`.
+exit status 1 when any differs. The arithmetic is `sera_jax.studies.paired.recompute`.
 """
 
 import os
@@ -10,7 +10,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from sera_jax.studies.maze.recompute import main  # noqa: E402
+from sera_jax.studies.paired.recompute import main  # noqa: E402
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:

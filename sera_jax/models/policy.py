@@ -31,19 +31,7 @@ def load_policy(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None
     overrides = {f: dtype_from_name(m[f], f"model.{f}") for f in ("param_dtype", "dtype")}
     overrides["scan_layers"] = bool(m.get("scan_layers", False))  # ml_collections: a bool
     rules = tuple(shd.LOGICAL_RULES.items())
-    if m.source == "embedded":
-        try:
-            path = embedded.smollm2_gguf_path()
-        except FileNotFoundError as e:
-            raise FileNotFoundError(SMOLLM2_MISSING) from e
-    elif m.source in ("gguf", "hf"):
-        if not m.path:
-            raise ValueError(f"config.model.path is empty; model.source={m.source!r} needs a "
-                             + ("GGUF file" if m.source == "gguf" else
-                                "Hugging Face checkpoint directory"))
-        path = m.path
-    else:
-        raise ValueError(f"config.model.source={m.source!r} is not one of {MODEL_SOURCES}")
+    path = policy_path(m)
     if m.source in ("embedded", "gguf"):
         reader = open_gguf(path)  # parse the metadata once for weights and tokenizer
         model = load_gguf(reader, mesh=mesh, rules=rules, **overrides)
@@ -52,3 +40,27 @@ def load_policy(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None
         model = load_hf_checkpoint(path, mesh=mesh, rules=rules, **overrides)
         tokenizer = load_tokenizer(m.tokenizer_path or path)
     return model, tokenizer
+
+
+def policy_path(cfg: ml_collections.ConfigDict) -> str:
+    """The file or directory the model block `cfg` loads from (errors as `load_policy`'s)."""
+    if cfg.source == "embedded":
+        try:
+            return embedded.smollm2_gguf_path()
+        except FileNotFoundError as e:
+            raise FileNotFoundError(SMOLLM2_MISSING) from e
+    if cfg.source in ("gguf", "hf"):
+        if not cfg.path:
+            raise ValueError(f"config.model.path is empty; model.source={cfg.source!r} needs a "
+                             + ("GGUF file" if cfg.source == "gguf" else
+                                "Hugging Face checkpoint directory"))
+        return cfg.path
+    raise ValueError(f"config.model.source={cfg.source!r} is not one of {MODEL_SOURCES}")
+
+
+def load_policy_tokenizer(cfg: ml_collections.ConfigDict) -> Tokenizer:
+    """The tokenizer `load_policy(cfg, ...)` returns, without loading the weights."""
+    if cfg.get("tokenizer_path"):
+        return load_tokenizer(cfg.tokenizer_path)
+    path = policy_path(cfg)
+    return from_gguf(path) if cfg.source in ("embedded", "gguf") else load_tokenizer(path)

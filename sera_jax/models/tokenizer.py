@@ -23,6 +23,8 @@ import numpy as np
 import tokenizers
 from tokenizers import Regex, decoders, models, pre_tokenizers
 
+from sera_jax.models.weights import open_gguf
+
 # llama.cpp pre-tokenizer names -> the tokenizers pre-tokenizer that splits identically.
 _QWEN2_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -142,8 +144,6 @@ def from_gguf(source) -> Tokenizer:
     `source`: a path or an open `gguf.GGUFReader` (see `weights.open_gguf`).
     """
     import gguf
-
-    from sera_jax.models.weights import open_gguf
 
     reader = open_gguf(source)
     path = os.fspath(reader.data.filename)

@@ -48,10 +48,11 @@ outcomes are in it, whether kept or not.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from sera_jax import dynamic_sampling as ds
@@ -61,13 +62,33 @@ from sera_jax.methods import Method
 from sera_jax.rl.config import DEFAULT_MAX_ROUNDS
 from sera_jax.rl.data import next_prompt_ids
 from sera_jax.rl.state import Rollouts, TrainState
-
-if TYPE_CHECKING:
-    from sera_jax.rl.trainer import Trainer
+from sera_jax.tasks.base import RLTask
 
 #: Round i >= 1 samples with `fold_in(fold_in(sample_key, ROUND_FOLD), i)`: distinct from
 #: every row key `fold_in(sample_key, r)`, r < B < 2**31 - 2, and from `SHUFFLE_FOLD`.
 ROUND_FOLD = 2**31 - 2
+
+
+class RoundTrainer(Protocol):
+    """What a dynamic-sampling step reads from its trainer (`rl.trainer.Trainer` is one):
+    the run's config, task and method, the data and budget sizes, one round of steps 2-6
+    (`collect_round`), the metrics of a record and the completion width the train step
+    sees. This module depends on this interface only; the trainer imports this module."""
+
+    config: ml_collections.ConfigDict
+    task: RLTask
+    method: Method
+    num_prompts: int
+    batch_prompts: int
+    budget: int
+
+    def collect_round(self, state: TrainState, history: history_lib.SuccessHistory,
+                      ids: np.ndarray, epoch: int, cursor: int, sample_key: jax.Array
+                      ) -> Rollouts: ...
+
+    def rollout_metrics(self, r: Rollouts) -> dict[str, float | None]: ...
+
+    def train_width(self, rollouts: Rollouts) -> int: ...
 
 
 @dataclasses.dataclass
@@ -91,7 +112,7 @@ def min_group(method: Method, n0: int, n_min: int) -> int:
     return n0 if method.allocator == "uniform" else max(int(n_min), ds.MIN_INFORMATIVE_GROUP)
 
 
-def collect(trainer: Trainer, state: TrainState
+def collect(trainer: RoundTrainer, state: TrainState
             ) -> tuple[DynamicRollouts, history_lib.SuccessHistory, Any]:
     """`Trainer.collect` of a dynamic-sampling method: rounds until the batch is full.
 
@@ -169,10 +190,10 @@ def pack(rounds: list[Rollouts], chosen: ds.Selection, num_prompts: int, pad_id:
         generated=gen, selection=chosen)
 
 
-def metrics(trainer: Trainer, r: DynamicRollouts) -> dict[str, float | None]:
-    """The step's metrics (module docstring): `Trainer._metrics` of everything generated,
+def metrics(trainer: RoundTrainer, r: DynamicRollouts) -> dict[str, float | None]:
+    """The step's metrics (module docstring): `rollout_metrics` of everything generated,
     the packed batch's `live_row_fraction` and `train_width`, and the `dapo_*` counts."""
-    out = trainer._metrics(r.generated)
+    out = trainer.rollout_metrics(r.generated)
     s = r.selection
     out.update(live_row_fraction=float(np.mean(r.live)),
                train_width=float(trainer.train_width(r)), dapo_rounds=float(s.rounds),
@@ -180,5 +201,5 @@ def metrics(trainer: Trainer, r: DynamicRollouts) -> dict[str, float | None]:
     return out
 
 
-__all__ = ["ROUND_FOLD", "DynamicRollouts", "collect", "concatenate",
+__all__ = ["ROUND_FOLD", "DynamicRollouts", "RoundTrainer", "collect", "concatenate",
            "metrics", "min_group", "pack", "round_key"]

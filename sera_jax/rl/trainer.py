@@ -601,7 +601,7 @@ class Trainer:
                                  epoch=np.int32(rollouts.epoch),
                                  cursor=np.int32(rollouts.cursor)), self.mesh))
         metrics = (dynamic.metrics(self, rollouts) if self.method.dynamic_sampling
-                   else self._metrics(rollouts))
+                   else self.rollout_metrics(rollouts))
         metrics.update(train_metrics)
         metrics.update(epoch=float(rollouts.epoch), step_time=time.perf_counter() - t0,
                        sample_time=rollouts.sample_time, score_time=rollouts.score_time,
@@ -610,7 +610,10 @@ class Trainer:
                                                                       1e-9))
         return (new_state, metrics, rollouts) if return_rollouts else (new_state, metrics)
 
-    def _metrics(self, r: Rollouts) -> dict[str, float | None]:
+    def rollout_metrics(self, r: Rollouts) -> dict[str, float | None]:
+        """The step metrics of record `r`: reward, mixed / active prompts, rollout counts,
+        κ over the seen prompts, generated rollouts and tokens, truncation, live rows and
+        train width (a dynamic-sampling step computes them on everything it generated)."""
         p_hat, counts, segment_ids, rewards = r.p_hat, r.counts, r.segment_ids, r.rewards
         lengths, truncated = r.lengths, r.truncated
         active = counts > 0

@@ -18,6 +18,7 @@ from absl import app, flags
 
 from sera_jax import config_files, loop, validation
 from sera_jax import methods as methods_lib
+from sera_jax.checkpoint import CheckpointError
 from sera_jax.records import append_jsonl, read_json, read_jsonl, write_json
 
 
@@ -142,8 +143,6 @@ def flags_parser(default_config: str | None, flag: str = "config"
 def main(run: Callable[[], Any]) -> None:
     """Call `run()`; a study's input errors (bad config value, workdir, missing file, a
     refused resume) and a stopped non-finite run end with one line and exit status 1."""
-    from sera_jax.checkpoint import CheckpointError
-
     try:
         run()
     except (ValueError, FileNotFoundError, CheckpointError, loop.NonFiniteError) as e:

@@ -1,7 +1,8 @@
 r"""Paired comparisons of policies evaluated with common random numbers: per-prompt pass@k,
 paired bootstrap confidence intervals over prompts and seeds, the evaluation noise floor, the
-null-control check and verdicts. Pure NumPy on host counts; reusable by every study whose
-evaluation records per-prompt correct counts.
+null-control check and verdicts; paired differences of per-seed values (Student t or bootstrap
+over seeds) and the winner among arms. Pure NumPy on host values: the statistics of every
+study (the paired maze and math studies, the allocation lab).
 
 Definitions (n samples per prompt, c correct, M prompts, S seeds):
 
@@ -29,6 +30,17 @@ Training curves (the seed is the unit of inference; mazes and evaluation keys ar
 * the with-replacement bootstrap pass@k of the published maze evaluation (MaxRL's: k of the
   n samples drawn with replacement): its expectation `1 − (1 − c/n)^k`
   (`bootstrap_pass_at_k`), biased low against the unbiased estimator; reported beside it.
+
+Per-seed values (the unit of replication is the seed: seed s of both arms shares the task
+instance, the initial policy, the data order and the rollout uniforms):
+
+* paired difference `d_s = a_s − b_s` (float64) with `seed_interval` ('t') or
+  `seed_bootstrap` ('bootstrap'): `seed_difference`; `format_interval` prints it, marked
+  "(n.s.)" when the interval contains 0 ("no difference").
+* `seed_bootstrap`: one-level percentile bootstrap of the mean of per-seed values, each
+  resample S seed indices drawn with replacement (the seed-level counterpart of
+  `seed_interval`; `paired_bootstrap` is the two-level one over seeds and prompts).
+* `winner`: the arm of highest mean, and the arms whose paired interval against it contains 0.
 """
 
 from __future__ import annotations
@@ -204,6 +216,69 @@ def holm(p_values: Mapping[str, float | None]) -> dict[str, float | None]:
     return out
 
 
+def seed_bootstrap(values: Sequence[float], *, num_resamples: int = 10_000,
+                   level: float = 0.95, seed: int = 0) -> dict[str, Any]:
+    """Percentile bootstrap over seeds of the mean of per-seed values `x_s`: {mean, lo, hi,
+    half_width, seeds, per_seed}. Resample r draws S indices `i_{r,1..S}` uniformly with
+    replacement (`np.random.default_rng(seed).integers(0, S, (num_resamples, S))`) and takes
+    `mean_j x_{i_{r,j}}`; `[lo, hi]` are the `(1 ∓ level)/2` quantiles of the resample means
+    (`np.quantile`, linear). Needs S >= 1 finite values; reproducible for a given `seed`."""
+    x = np.asarray(values, np.float64).ravel()
+    if x.size == 0 or not np.all(np.isfinite(x)):
+        raise ValueError(f"seed_bootstrap needs >= 1 finite value; got {x.tolist()}")
+    if not 0 < level < 1:
+        raise ValueError(f"level={level}; must lie in (0, 1)")
+    if num_resamples < 1:
+        raise ValueError(f"num_resamples={num_resamples}; must be >= 1")
+    idx = np.random.default_rng(seed).integers(0, x.size, (num_resamples, x.size))
+    lo, hi = np.quantile(x[idx].mean(axis=1), [(1 - level) / 2, (1 + level) / 2])
+    return {"mean": float(x.mean()), "lo": float(lo), "hi": float(hi),
+            "half_width": float((hi - lo) / 2), "seeds": int(x.size), "per_seed": x.tolist()}
+
+
+#: `seed_difference`'s intervals over seeds: Student t (`seed_interval`) or bootstrap.
+SEED_INTERVALS = ("t", "bootstrap")
+
+
+def seed_difference(a: Sequence[float], b: Sequence[float], method: str = "t",
+                    level: float = 0.95) -> dict[str, Any]:
+    """Paired difference of per-seed values: `d_s = a_s − b_s` (both cast to float64 first),
+    summarised by `seed_interval(d)` (method 't': `mean ± t_{(1+level)/2, S−1} · sd/√S`) or
+    `seed_bootstrap(d)` ('bootstrap'), with "method" added. `a` and `b`: 1-D, the same
+    length S >= 2, seed s of `a` paired with seed s of `b`."""
+    if method not in SEED_INTERVALS:
+        raise ValueError(f"ci={method!r}; allowed {' or '.join(map(repr, SEED_INTERVALS))}")
+    x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if x.shape != y.shape or x.ndim != 1 or x.size < 2:
+        raise ValueError(f"need two paired 1-D samples of >= 2 seeds, got {x.shape}, {y.shape}")
+    d = x - y
+    out = seed_interval(d, level) if method == "t" else seed_bootstrap(d, level=level)
+    return {**out, "method": method}
+
+
+def winner(samples: Mapping[str, Sequence[float]], method: str = "t"
+           ) -> tuple[str, list[str]]:
+    """(best, ties): `best` the arm of highest mean over seeds, `ties` (in `samples`' order)
+    the other arms whose `seed_difference(best, arm, method)` interval contains 0 (not
+    separable from it). `samples`: arm -> per-seed values, paired across arms."""
+    names = list(samples)
+    best = max(names, key=lambda n: float(np.mean(samples[n])))
+    ties = [n for n in names if n != best
+            and not excludes_zero(seed_difference(samples[best], samples[n], method))]
+    return best, ties
+
+
+def format_interval(e: Mapping[str, Any], scale: float = 1.0, digits: int = 2) -> str:
+    """`'+1.23 [+0.40, +2.06]'`: mean [lo, hi] of `e` times `scale`, signed, `digits`
+    decimals; `' (n.s.)'` appended when the interval contains 0 (`excludes_zero` false);
+    `'+1.23 (no interval)'` when it is undefined (`seed_interval` of one seed)."""
+    if e["lo"] is None:
+        return f"{scale * e['mean']:+.{digits}f} (no interval)"
+    m, lo, hi = (scale * e[f] for f in ("mean", "lo", "hi"))
+    tag = "" if excludes_zero(e) else " (n.s.)"
+    return f"{m:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]{tag}"
+
+
 def bootstrap_pass_at_k(num_correct: Any, n: int, ks: Sequence[int]) -> dict[str, float]:
     """The published maze evaluation's pass@k (MaxRL: k of the n samples of each prompt drawn
     *with replacement*, any correct), in expectation over the resamples: `mean_m 1 − (1 −
@@ -215,6 +290,7 @@ def bootstrap_pass_at_k(num_correct: Any, n: int, ks: Sequence[int]) -> dict[str
     return {str(int(k)): float(np.mean(analytic_pass_at_k(c / n, int(k)))) for k in ks}
 
 
-__all__ = ["bootstrap_pass_at_k", "curve_difference", "excludes_zero", "holm", "ks_for",
-           "noise_floor", "paired_bootstrap", "paired_difference", "per_prompt_pass_at_k",
-           "seed_interval", "verdict", "within_floor"]
+__all__ = ["SEED_INTERVALS", "bootstrap_pass_at_k", "curve_difference", "excludes_zero",
+           "format_interval", "holm", "ks_for", "noise_floor", "paired_bootstrap",
+           "paired_difference", "per_prompt_pass_at_k", "seed_bootstrap", "seed_difference",
+           "seed_interval", "verdict", "winner", "within_floor"]

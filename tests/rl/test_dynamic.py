@@ -3,6 +3,9 @@ metrics, resume, and equality with the plain step when round 0 fills the batch."
 
 from __future__ import annotations
 
+import ast
+import inspect
+
 import jax
 import numpy as np
 import pytest
@@ -184,3 +187,19 @@ def test_config_max_rounds_fingerprint_and_acceptance():
     assert dynamic.round_key(key, 0) is key
     assert dynamic.min_group(config_lib.method(small_config(method="dapo")), 4, 2) == 4
     assert dynamic.min_group(config_lib.method(small_config(method="sera_dapo")), 4, 3) == 3
+
+
+def test_dynamic_reads_the_trainer_through_its_interface_only():
+    """`rl.dynamic` never imports `rl.trainer` (the trainer imports it, one way): it reads
+    its trainer through `RoundTrainer`, every member of which a `Trainer` has."""
+    tree = ast.parse(inspect.getsource(dynamic))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m and m.startswith("sera_jax.rl.trainer")}
+    protocol = dynamic.RoundTrainer
+    members = set(protocol.__annotations__) | {
+        name for name, value in vars(protocol).items()
+        if inspect.isfunction(value) and not name.startswith("__")}
+    assert {"config", "collect_round", "rollout_metrics", "train_width"} <= members
+    trainer, _ = trainer_for("dapo", PlantedTask())
+    assert not [name for name in sorted(members) if not hasattr(trainer, name)]

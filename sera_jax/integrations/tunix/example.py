@@ -30,6 +30,7 @@ from tunix.rl.rollout import base_rollout
 
 from sera_jax import loop, optim
 from sera_jax import methods as methods_lib
+from sera_jax.integrations.tunix import real_model
 from sera_jax.integrations.tunix.learner import SeraLearner, SeraOptions
 from sera_jax.tasks.mathqa import grader, problems
 from sera_jax.validation import check, is_int, is_positive_int
@@ -169,8 +170,6 @@ def build_policy(c: ml_collections.ConfigDict
     `c.task.instruction`; `sera_jax.integrations.tunix.real_model`)."""
     source = c.model.get("source", "random")
     if source == "smollm2":
-        from sera_jax.integrations.tunix import real_model
-
         model, tokenizer, _ = real_model.smollm2_policy(c.seed)
         return (model, tokenizer, real_model.chat_formatter(tokenizer, c.task.instruction),
                 tokenizer.stop_ids())

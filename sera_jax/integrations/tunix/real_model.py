@@ -28,6 +28,7 @@ from sera_jax import objective
 from sera_jax.integrations.tunix import smollm2
 from sera_jax.integrations.tunix.learner import SeraLearner, group_columns
 from sera_jax.models.decoder import Decoder
+from sera_jax.models.embedded import load_smollm2
 from sera_jax.rl.state import RolloutBatch
 from sera_jax.rl.trainer import rollout_loss
 
@@ -42,8 +43,6 @@ TUNIX_AGGREGATION = {"token_mean": "token-mean", "sequence_mean": "sequence-mean
 def smollm2_policy(seed: int = 0) -> tuple[Any, smollm2.TunixTokenizer, Decoder]:
     """(tunix Llama-3 with the embedded SmolLM2-135M-Instruct weights, its tokenizer for
     tunix, our float32 `Decoder` of the same weights)."""
-    from sera_jax.models.embedded import load_smollm2
-
     ours, tokenizer = load_smollm2()
     return smollm2.to_tunix(ours, seed), smollm2.TunixTokenizer(tokenizer), ours
 

@@ -176,9 +176,7 @@ def _ce_steps(config: ml_collections.ConfigDict) -> int:
 
 def _writer(workdir: str):
     # Legal tag names (`val_pass@1`), and a full disk is one logged line, not a traceback.
-    from sera_jax.loop import open_tensorboard
-
-    return open_tensorboard(os.path.join(workdir, "tensorboard"))
+    return loop.open_tensorboard(os.path.join(workdir, "tensorboard"))
 
 
 def _train_ce(steps: Steps, state: TrainState, batches: Iterator, mesh, num_steps: int,

@@ -31,11 +31,15 @@ from absl import logging
 
 from sera_jax import loop
 from sera_jax import methods as methods_lib
-from sera_jax.studies.lab import stats, train
+from sera_jax.studies import compare
+from sera_jax.studies.lab import train
 
 #: Control arms (`run_cell(controls=True)`): the null (uniform with the rewards of each batch
-#: shuffled) and the A/A arm (uniform on another rollout stream).
-NULL, AA = "null", "uniform_aa"
+#: shuffled) and the A/A arm (uniform on another rollout stream), named as in the paired
+#: studies.
+NULL, AA = "null", "aa"
+#: The A/A arm's name before it was `AA`: `load_arm` reads arms stored under it.
+OLD_AA = "uniform_aa"
 
 
 def method_for(name: str, threshold: float | None = None) -> methods_lib.Method:
@@ -78,7 +82,15 @@ def _arm_path(cache_dir: str, fingerprint: Mapping[str, Any]) -> str:
 
 def load_arm(cache_dir: str, fingerprint: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
     """The stored result of the arm `fingerprint` in `cache_dir`, or None (not stored, torn
-    by a kill, or stored under another fingerprint)."""
+    by a kill, or stored under another fingerprint). The A/A arm is also found under its old
+    name `OLD_AA` (a workdir of a run before the rename)."""
+    stored = _load_arm(cache_dir, fingerprint)
+    if stored is None and fingerprint["arm"] == AA:
+        stored = _load_arm(cache_dir, {**fingerprint, "arm": OLD_AA})
+    return stored
+
+
+def _load_arm(cache_dir: str, fingerprint: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
     path = _arm_path(cache_dir, fingerprint)
     try:
         with np.load(path) as z:
@@ -211,8 +223,8 @@ def table_paired(results, ks, table_ks, split: int, reference: str, names, ci: s
     for name in names:
         if name == reference or name not in results:
             continue
-        cells = [stats.paired(_final(results[name], split, i),
-                              _final(results[reference], split, i), ci).fmt()
+        cells = [compare.format_interval(compare.seed_difference(
+                     _final(results[name], split, i), _final(results[reference], split, i), ci))
                  for i in idx]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -269,7 +281,7 @@ def report_matched(results, ks, table_ks, ref: str, names: Sequence[str], ci: st
     `at_generation`), the paired Δ of every method of `names` vs `ref`, and each arm's mean
     generated rollouts per step. Returns (lines, {'target': [S], 'step': {arm: mean step},
     'per_step': {arm: rollouts/step}, 'pass': {arm: {k: [S] percent}}, 'paired': {name: {k:
-    stats.Paired}}})."""
+    `compare.seed_difference`}}})."""
     idx = {int(k): list(ks).index(k) for k in table_ks}
     target = generation_curve(results[ref])[:, -1]
     out: dict[str, Any] = {"target": target, "step": {}, "per_step": {}, "pass": {},
@@ -285,8 +297,8 @@ def report_matched(results, ks, table_ks, ref: str, names: Sequence[str], ci: st
         out["pass"][arm] = {k: held[:, i] for k, i in idx.items()}
     for name in names:
         if name != ref and name in results:
-            out["paired"][name] = {k: stats.paired(out["pass"][name][k], out["pass"][ref][k],
-                                                   ci) for k in idx}
+            out["paired"][name] = {k: compare.seed_difference(
+                out["pass"][name][k], out["pass"][ref][k], ci) for k in idx}
     cols = " | ".join(f"pass@{k}" for k in idx)
     lines = [f"## {title}At matched generation: held-out pass@k (%) where each arm's cumulative "
              f"generated rollouts reach {ref}'s total ({target.mean():.0f} per seed), each "
@@ -301,7 +313,7 @@ def report_matched(results, ks, table_ks, ref: str, names: Sequence[str], ci: st
               for a in results]
     lines += ["", f"| method − {ref} | " + " | ".join(f"Δ pass@{k}" for k in idx) + " |",
               "|---|" + "---|" * len(idx)]
-    lines += [f"| {n} | " + " | ".join(p.fmt() for p in d.values()) + " |"
+    lines += [f"| {n} | " + " | ".join(compare.format_interval(p) for p in d.values()) + " |"
               for n, d in out["paired"].items()]
     return lines + [""], out
 
@@ -311,27 +323,30 @@ def report_matched(results, ks, table_ks, ref: str, names: Sequence[str], ci: st
 
 def gate(results, ks: Sequence[int], ci: str) -> dict[str, Any]:
     """The learning-rate gate: the paired Δ uniform − null of final held-out pass@1 (points);
-    the lr is admissible only if its CI lies above 0 (uniform learns more than noise)."""
+    the lr is admissible only if its CI lies above 0 (uniform learns more than noise).
+    Returns {'delta': `compare.seed_difference` of uniform − null, 'admissible'}."""
     i = list(ks).index(1)
-    d = stats.paired(_final(results["uniform"], 1, i), _final(results[NULL], 1, i), ci)
-    return {"delta": d, "admissible": bool(d.lo > 0)}
+    d = compare.seed_difference(_final(results["uniform"], 1, i), _final(results[NULL], 1, i),
+                                ci)
+    return {"delta": d, "admissible": bool(d["lo"] > 0)}
 
 
 def gate_line(g: Mapping[str, Any], lr: float) -> str:
     verdict = ("ADMISSIBLE (uniform beats the null at pass@1)" if g["admissible"] else
                "NOT ADMISSIBLE (uniform does not beat the null at pass@1: the comparison "
                "below measures optimiser noise, not learning)")
-    return f"**Gate, lr {lr}:** uniform − null pass@1 = {g['delta'].fmt()} → {verdict}."
+    return (f"**Gate, lr {lr}:** uniform − null pass@1 = "
+            f"{compare.format_interval(g['delta'])} → {verdict}.")
 
 
 def aa_false_positives(results, ci: str, split: int = 1) -> tuple[int, int]:
-    """(cells whose paired CI of uniform_aa − uniform excludes 0, cells), over every k of
+    """(cells whose paired CI of `AA` − uniform excludes 0, cells), over every k of
     eval.ks × every evaluation after step 0. The two arms differ only in their rollout key,
     so every such cell is a false positive (the cells are correlated: a rate, not a test)."""
     a, b = results[AA]["pass_at_k"], results["uniform"]["pass_at_k"]
     cells = [(e, i) for e in range(1, a.shape[1]) for i in range(a.shape[3])]
-    sig = sum(stats.paired(100 * a[:, e, split, i], 100 * b[:, e, split, i], ci).significant
-              for e, i in cells)
+    sig = sum(compare.excludes_zero(compare.seed_difference(
+        100 * a[:, e, split, i], 100 * b[:, e, split, i], ci)) for e, i in cells)
     return int(sig), len(cells)
 
 
@@ -350,10 +365,10 @@ def report_cell(results, ks, table_ks, ref: str, names: Sequence[str], ci: str,
     sig, cells = aa_false_positives(results, ci)
     lines += [f"## {title}Controls: gate, null, A/A (held-out, points)", "",
               "null = uniform with the rewards of each batch shuffled (same lr, budget and "
-              "rollouts); uniform_aa = uniform on another rollout stream (same task, initial "
+              f"rollouts); {AA} = uniform on another rollout stream (same task, initial "
               "policy and data order).", "", gate_line(g, lr), "",
               table_paired(results, ks, table_ks, 1, NULL, list(names) + [AA], ci), "",
-              f"A/A: uniform_aa − uniform has a CI excluding 0 in {sig} of {cells} (k, "
+              f"A/A: {AA} − uniform has a CI excluding 0 in {sig} of {cells} (k, "
               f"evaluation) cells ({100 * sig / cells:.1f} %; 5 % if the CIs were nominal and "
               "the cells independent).", "",
               table_paired(results, ks, table_ks, 1, "uniform", [AA], ci), ""]
@@ -413,7 +428,8 @@ def report_window(results, steps: Sequence[int], ks, table_ks, names: Sequence[s
     over the last `window` evaluation points (`steps`: the cell's evaluation steps), per arm,
     and the paired differences of `window_pairs` with their CIs; with the null arm also the
     gate (uniform − null at the final pass@1). Returns (lines, {'steps', 'start': {k: mean
-    step-0 pass@k}, 'mean': {arm: {k: mean}}, 'paired': {(a, b): {k: stats.Paired}},
+    step-0 pass@k}, 'mean': {arm: {k: mean}}, 'paired': {(a, b): {k:
+    `compare.seed_difference`}},
     'gate'}); the gate is None without the null arm."""
     idx = {int(k): ks.index(k) for k in table_ks}
     w_steps = [int(s) for s in steps[-window:]]
@@ -423,8 +439,8 @@ def report_window(results, steps: Sequence[int], ks, table_ks, names: Sequence[s
         "start": {k: float(100 * first["pass_at_k"][:, 0, 1, i].mean()) for k, i in idx.items()},
         "mean": {n: {k: float(_window(r, 1, i, window).mean()) for k, i in idx.items()}
                  for n, r in results.items()},
-        "paired": {(a, b): {k: stats.paired(_window(results[a], 1, i, window),
-                                            _window(results[b], 1, i, window), ci)
+        "paired": {(a, b): {k: compare.seed_difference(_window(results[a], 1, i, window),
+                                                       _window(results[b], 1, i, window), ci)
                             for k, i in idx.items()}
                    for a, b in window_pairs(results, names)},
         "gate": None}
@@ -443,6 +459,6 @@ def report_window(results, steps: Sequence[int], ks, table_ks, names: Sequence[s
               for n, m in out["mean"].items()]
     lines += ["", "| a − b | " + " | ".join(f"Δ pass@{k}" for k in idx) + " |",
               "|---|" + "---|" * len(idx)]
-    lines += [f"| {a} − {b} | " + " | ".join(p.fmt() for p in d.values()) + " |"
-              for (a, b), d in out["paired"].items()]
+    lines += [f"| {a} − {b} | " + " | ".join(compare.format_interval(p) for p in d.values())
+              + " |" for (a, b), d in out["paired"].items()]
     return lines + [""], out

@@ -5,7 +5,8 @@ host loop of `dynamic_sampling.fill` (draw rounds until the batch is full) becom
 number R = `Setup.max_rounds` of rounds, all drawn inside the step, of which only the first
 `Packing.rounds` count as generated. One step of one seed (`make_step`):
 
-1. as in `train._make_step`: the epoch's history, the step's batch of P prompts (round 0);
+1. as in `train._make_step`: the epoch's history and the step's batch of P prompts (round 0),
+   `shared.epoch_batch`;
 2. rounds 1..R−1 are P further train prompts each, a draw without replacement of the M train
    prompts keyed by fold_in(fold_in(fold_in(k_data, REFILL_TAG), t), i) -- a function of the
    seed and step only, so `dapo` and `sera_dapo` refill with the same prompts and uniforms
@@ -13,7 +14,7 @@ number R = `Setup.max_rounds` of rounds, all drawn inside the step, of which onl
    the next batches instead): round 0 stays the step's batch of every other method;
 3. each round is allocated by the method's allocator (B = P·N0 rollouts, p̂ from the history
    frozen at the epoch start, a pilot first for a two-stage allocator) and drawn with the
-   policy at this step: round 0 from the step's uniforms U_t[x, j] (`train.rollout_uniforms`,
+   policy at this step: round 0 from the step's uniforms U_t[x, j] (`shared.rollout_uniforms`,
    so round 0 is exactly what the method's allocator alone would draw), round i >= 1 from
    uniforms keyed by fold_in(fold_in(k_roll, t), REFILL_TAG + i), indexed by position in the
    round; advantages and weights w_q per round (as the tunix learner computes them);
@@ -47,7 +48,7 @@ from sera_jax import estimators, metrics, objective
 from sera_jax import history as history_lib
 from sera_jax.dynamic_sampling import MIN_INFORMATIVE_GROUP
 from sera_jax.methods import Method
-from sera_jax.studies.lab import train as train_lib
+from sera_jax.studies.lab import shared
 
 #: fold_in tag of the refill rounds: prompts from fold_in(k_data, REFILL_TAG), uniforms of
 #: round i from fold_in(fold_in(k_roll, t), REFILL_TAG + i) (apart from `train.NULL_TAG`
@@ -143,7 +144,7 @@ def pack(segment_ids: Array, rewards: Array, num_groups: int, batch_rows: int,
                    jnp.arange(num_r) < rounds, kept, dropped, rounds, rounds * n)
 
 
-def refill_ids(setup: train_lib.Setup, k_data: Array, t: Array) -> Array:
+def refill_ids(setup: shared.Setup, k_data: Array, t: Array) -> Array:
     """int [max_rounds − 1, P]: the prompts of refill rounds 1..R−1 at step t, each a draw of
     P distinct train prompts keyed by fold_in(fold_in(fold_in(k_data, REFILL_TAG), t), i)."""
     base = jax.random.fold_in(jax.random.fold_in(k_data, REFILL_TAG), t)
@@ -152,18 +153,18 @@ def refill_ids(setup: train_lib.Setup, k_data: Array, t: Array) -> Array:
     return jax.vmap(draw)(jnp.arange(1, setup.max_rounds))
 
 
-def round_uniforms(setup: train_lib.Setup, k_roll: Array, t: Array, ids0: Array) -> Array:
+def round_uniforms(setup: shared.Setup, k_roll: Array, t: Array, ids0: Array) -> Array:
     """[max_rounds, P, n_max, *uniform_shape]: round 0's are the step's U_t[ids0] (the
     uniforms every method draws from); round i's are keyed by fold_in(fold_in(k_roll, t),
     REFILL_TAG + i) and indexed by position in the round."""
-    u0 = train_lib.rollout_uniforms(setup, k_roll, t)[ids0]
+    u0 = shared.rollout_uniforms(setup, k_roll, t)[ids0]
     kt = jax.random.fold_in(k_roll, t)
     more = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(kt, REFILL_TAG + i),
                                                  u0.shape))(jnp.arange(1, setup.max_rounds))
     return jnp.concatenate([u0[None], more])
 
 
-def make_step(method: Method, setup: train_lib.Setup, tx: optax.GradientTransformation,
+def make_step(method: Method, setup: shared.Setup, tx: optax.GradientTransformation,
               shuffle: bool = False) -> Callable:
     """One dynamic-sampling training step of one seed, the signature of `train._make_step`:
     (carry, t, train task, data key, rollout key[, null, multiplicity]) -> (carry, (metrics
@@ -175,7 +176,7 @@ def make_step(method: Method, setup: train_lib.Setup, tx: optax.GradientTransfor
         raise ValueError("the null control shuffles uniform's rewards; a dynamic-sampling "
                          "method has no null arm")
     num_p, budget, num_r = setup.prompts_per_step, setup.budget, setup.max_rounds
-    fam = train_lib.FAMILIES[setup.family]
+    fam = shared.FAMILIES[setup.family]
     pilot = method.pilot_size(setup.n_min)
     smallest = min_group(method, setup.n0, setup.n_min)
     max_len = setup.horizon if setup.family == "maze" else 1
@@ -184,7 +185,7 @@ def make_step(method: Method, setup: train_lib.Setup, tx: optax.GradientTransfor
     def step(carry, t, train, k_data, k_roll, null=False, multiplicity=True):
         del null, multiplicity
         params, opt_state, h = carry
-        h, ids0 = train_lib.epoch_batch(setup, h, t, k_data)
+        h, ids0 = shared.epoch_batch(setup, h, t, k_data)
         ids = jnp.concatenate([ids0[None], refill_ids(setup, k_data, t)])  # [R, P]
         p_hat = history_lib.lookup(h, ids.reshape(-1)).reshape(num_r, num_p)
         log_pi = fam.log_policy(params, train)
@@ -199,7 +200,8 @@ def make_step(method: Method, setup: train_lib.Setup, tx: optax.GradientTransfor
                 q = jnp.repeat(jnp.arange(num_p), pilot)
                 j = jnp.tile(jnp.arange(pilot), num_p)
                 k1 = jnp.sum(draw(q, j)[1].reshape(num_p, pilot), axis=1)
-            plan = train_lib._plan(method, setup, p_hat_i, train_lib._posterior(h, ids_i), k1)
+            post = shared.history_posterior(h, ids_i)
+            plan = shared.rollout_plan(method, setup, p_hat_i, post, k1)
             actions, rewards = draw(plan.segment_ids, plan.ranks)
             adv, w = objective.rollout_coefficients(rewards, plan, method.estimator)
             return plan, actions, rewards, adv, w, k1

@@ -16,7 +16,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from sera_jax.studies.lab import stats
+from sera_jax.studies import compare
 from sera_jax.studies.lab.cells import AA, ARMS, NULL, _final, regime_setup, run_cell
 
 
@@ -65,21 +65,21 @@ def regime_rows(cell_results, shape, ks, k_list, references: Sequence[str], ci: 
         for k in k_list:
             i = ks.index(k)
             finals = {n: _final(r, 1, i) for n, r in results.items() if n != AA}
-            best, ties = stats.winner({n: v for n, v in finals.items() if n != NULL}, ci)
+            best, ties = compare.winner({n: v for n, v in finals.items() if n != NULL}, ci)
             win = best if not ties else f"{best} ~ {'/'.join(ties)}"
             for ref in (r for r in dict.fromkeys(references) if r in finals):
                 for name, vals in finals.items():
                     if name in (ref, NULL):  # null − x is −(x − null)
                         continue
-                    p = stats.paired(vals, finals[ref], ci)
+                    p = compare.seed_difference(vals, finals[ref], ci)
                     rows.append(dict(difficulty=law, shape=tuple(shape), reference=ref,
-                                     method=name, k=k, mean=float(vals.mean()), delta=p.mean,
-                                     lo=p.lo, hi=p.hi, significant=bool(p.significant),
-                                     winner=win))
+                                     method=name, k=k, mean=float(vals.mean()),
+                                     delta=p["mean"], lo=p["lo"], hi=p["hi"],
+                                     significant=compare.excludes_zero(p), winner=win))
     return rows
 
 
-def table_regime(rows, difficulties, shapes, k: int, reference: str, names, n: int) -> str:
+def table_regime(rows, difficulties, shapes, k: int, reference: str, names) -> str:
     """Markdown: one line per (difficulty, shape), Δ vs `reference` of each of `names`."""
     lines = ["| difficulty | P, N0, n_max | " + " | ".join(names) + " | winner |",
              "|---|---|" + "---|" * (len(names) + 1)]
@@ -88,8 +88,8 @@ def table_regime(rows, difficulties, shapes, k: int, reference: str, names, n: i
             cell = [r for r in rows if r["k"] == k and r["difficulty"] == law
                     and r["shape"] == shape and r["reference"] == reference]
             by = {r["method"]: r for r in cell}
-            cells = [stats.Paired(by[m]["delta"], by[m]["lo"], by[m]["hi"], n).fmt()
-                     for m in names]
+            cells = [compare.format_interval({"mean": by[m]["delta"], "lo": by[m]["lo"],
+                                              "hi": by[m]["hi"]}) for m in names]
             lines.append(f"| {law} | {shape} | " + " | ".join(cells)
                          + f" | {cell[0]['winner']} |")
     return "\n".join(lines)
@@ -124,16 +124,15 @@ def run_regime(config: ml_collections.ConfigDict, runners: dict, workdir: str
     new = [m for m in rg.methods if m in rep.challengers]
     for k in rg.ks:
         lines += [f"pass@{k}, Δ vs {ref}:", "",
-                  table_regime(rows, list(rg.difficulties), shapes, k, ref, others,
-                               len(rg.seeds)), ""]
+                  table_regime(rows, list(rg.difficulties), shapes, k, ref, others), ""]
         if rg.controls:
             lines += [f"pass@{k}, Δ vs the null (uniform with shuffled rewards):", "",
                       table_regime(rows, list(rg.difficulties), shapes, k, NULL,
-                                   list(rg.methods), len(rg.seeds)), ""]
+                                   list(rg.methods)), ""]
         if new and rep.challenge_reference in rg.methods:
             lines += [f"pass@{k}, new rules Δ vs {rep.challenge_reference}:", "",
                       table_regime(rows, list(rg.difficulties), shapes, k,
-                                   rep.challenge_reference, new, len(rg.seeds)), ""]
+                                   rep.challenge_reference, new), ""]
         figure_regime([r for r in rows if r["reference"] == ref], list(rg.difficulties),
                       shapes, k, os.path.join(workdir, f"regime_map_pass{k}.png"),
                       rg.subject, ref)

@@ -28,7 +28,7 @@ evaluation points, per arm, the paired differences of each method − every meth
 before it and − the null, and the gate at the final point (0: the final point only).
 
 Differences are paired over seeds; the interval is `config.report.ci` ('t': Student t over
-seeds, 'bootstrap': percentile bootstrap over seeds; `sera_jax.studies.lab.stats`).
+seeds, 'bootstrap': percentile bootstrap over seeds; `sera_jax.studies.compare.seed_difference`).
 
 Writes to `workdir`: `summary.md` (also returned), `final.csv` (per method, seed, split, k:
 final pass@k), `regime.csv`, `results.npz` (every array), `pass_at_k_training.png`,
@@ -52,8 +52,8 @@ import numpy as np
 
 from sera_jax import methods as methods_lib
 from sera_jax import optim, validation
-from sera_jax.studies import common
-from sera_jax.studies.lab import stats, train
+from sera_jax.studies import common, compare
+from sera_jax.studies.lab import train
 from sera_jax.studies.lab.cells import (
     AA,
     ARMS,
@@ -144,12 +144,12 @@ def figure_delta(results, setup: train.Setup, reference: str, ci: str, path: str
     for name, res in results.items():
         if name == reference:
             continue
-        ps = [stats.paired(_final(res, 1, i), _final(results[reference], 1, i), ci)
+        ps = [compare.seed_difference(_final(res, 1, i), _final(results[reference], 1, i), ci)
               for i in range(len(ks))]
-        m = np.array([p.mean for p in ps])
+        m = np.array([p["mean"] for p in ps])
         ax.plot(ks, m, marker="o", ms=3, label=name,
                 lw=2.2 if name == "sera" else 1.1)
-        ax.fill_between(ks, [p.lo for p in ps], [p.hi for p in ps], alpha=0.12)
+        ax.fill_between(ks, [p["lo"] for p in ps], [p["hi"] for p in ps], alpha=0.12)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k")
@@ -225,7 +225,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
           and all(validation.is_int(s) and s >= 0 for s in seeds), field, seeds,
           "a tuple of >= 2 distinct integers >= 0 (paired CIs over seeds)")
     rep = config.report
-    c(rep.ci in ("t", "bootstrap"), "report.ci", rep.ci, "'t' or 'bootstrap'")
+    c(rep.ci in compare.SEED_INTERVALS, "report.ci", rep.ci, "'t' or 'bootstrap'")
     subsets = [("report.table_ks", rep.table_ks), ("report.fig_ks", rep.fig_ks)]
     if config.maze_cell.enabled:
         subsets.append(("maze_cell.table_ks", config.maze_cell.table_ks))
@@ -255,7 +255,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Run the study described in the module docstring; returns {'summary', 'main',
     'maze_family', 'maze_cell', 'regime', 'sweep', 'wall_s', 'gate', 'maze_gate', 'window'}
-    (a gate: {'delta': stats.Paired, 'admissible', 'aa_false_positives'}, None without
+    (a gate: {'delta': `compare.seed_difference`, 'admissible', 'aa_false_positives'}, None without
     controls; 'window': {'maze_cell' / 'maze_family': `cells.report_window`'s numbers} for
     the cells with a window)."""
     t_start = time.time()

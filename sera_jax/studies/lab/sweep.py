@@ -10,13 +10,14 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from sera_jax.studies.lab import stats, train
+from sera_jax.studies import compare
+from sera_jax.studies.lab import train
 from sera_jax.studies.lab.cells import _final, gate, maze_family_setup, report_cell, run_cell
 
 
-def _mean_ci(x: np.ndarray, ci: str) -> stats.Paired:
+def _mean_ci(x: np.ndarray, ci: str) -> dict[str, Any]:
     """The mean of per-seed values with its 95 % interval (a paired CI against 0)."""
-    return stats.paired(x, np.zeros_like(x), ci)
+    return compare.seed_difference(x, np.zeros_like(x), ci)
 
 
 def run_sweep(config: ml_collections.ConfigDict, runners: dict, cache_dir: str | None = None
@@ -59,22 +60,22 @@ def run_sweep(config: ml_collections.ConfigDict, runners: dict, cache_dir: str |
         cells = []
         for n in names:
             row[n] = (_mean_ci(_final(res[n], 1, i1), ci), _mean_ci(_final(res[n], 1, ik), ci))
-            cells += [f"{row[n][0].mean:.2f} ± {row[n][0].hi - row[n][0].mean:.2f}",
-                      f"{row[n][1].mean:.2f} ± {row[n][1].hi - row[n][1].mean:.2f}"]
+            cells += [f"{e['mean']:.2f} ± {e['hi'] - e['mean']:.2f}" for e in row[n]]
         rows.append(row)
-        lines.append(f"| {lr} | {g['delta'].fmt()}{'' if g['admissible'] else ' ✗'} | "
+        lines.append(f"| {lr} | {compare.format_interval(g['delta'])}"
+                     f"{'' if g['admissible'] else ' ✗'} | "
                      + " | ".join(cells) + " |")
     ok = [r for r in rows if r["admissible"]]
     lines.append("")
     if not ok:
         lines += ["No lr of the grid is admissible (✗: uniform does not beat the null).", ""]
         return lines, rows
-    best = max(ok, key=lambda r: r["uniform"][1].mean)
+    best = max(ok, key=lambda r: r["uniform"][1]["mean"])
     lines.append(f"Selected lr (admissible, best uniform pass@{sw.frontier_k}): "
                  f"**{best['lr']}**.")
-    front = sorted((r["uniform"][0].mean, r["uniform"][1].mean) for r in rows)
+    front = sorted((r["uniform"][0]["mean"], r["uniform"][1]["mean"]) for r in rows)
     for n in (m for m in names if m != "uniform"):
-        above = [float(r[n][1].mean) > float(np.interp(r[n][0].mean, *zip(*front)))
+        above = [float(r[n][1]["mean"]) > float(np.interp(r[n][0]["mean"], *zip(*front)))
                  for r in rows]
         lines.append(f"{n}: {sum(above)} of {len(rows)} points above uniform's frontier.")
     lines += [""] + report_cell(by_lr[best["lr"]], ks, list(config.report.table_ks), "uniform",
@@ -90,8 +91,8 @@ def run_sweep(config: ml_collections.ConfigDict, runners: dict, cache_dir: str |
         res = run_cell(["sera"], setup, config.seed, seeds, {law: law}, runners,
                        threshold=float(th), cache_dir=cache_dir)[law]
         act = res["sera"]["steps"][..., train.STEP_METRICS.index("active_frac")].mean()
-        cells = [stats.paired(_final(res["sera"], 1, ks.index(k)),
-                              _final(uni["uniform"], 1, ks.index(k)), ci).fmt()
-                 for k in config.report.table_ks]
+        cells = [compare.format_interval(compare.seed_difference(
+                     _final(res["sera"], 1, ks.index(k)), _final(uni["uniform"], 1, ks.index(k)),
+                     ci)) for k in config.report.table_ks]
         lines.append(f"| {th} | {act:.2f} | " + " | ".join(cells) + " |")
     return lines + [""], rows

@@ -1,4 +1,4 @@
-"""Measure mode's snapshots do not depend on the processor's rounding (issue 24, item 5).
+"""Measure mode's snapshots do not depend on the processor's rounding.
 
 XLA's CPU kernels round differently on different processors. Float32 CE training amplified
 that: the well-trained digits model was another model on another host (1 − p of an image

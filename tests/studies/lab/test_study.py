@@ -10,8 +10,8 @@ import pytest
 
 from sera_jax import methods, optim
 from sera_jax.config_files import get_config
-from sera_jax.studies import common
-from sera_jax.studies.lab import cells, stats, study, train
+from sera_jax.studies import common, compare
+from sera_jax.studies.lab import cells, study, train
 from tests import util
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -64,7 +64,7 @@ def test_study_end_to_end(tmp_path):
     assert set(out["main"]) == {"uniform", "sera_equalized", study.NULL, study.AA}
     assert set(out["maze_family"]) == {"uniform", "sera_equalized", study.NULL, study.AA}
     assert "**Gate, lr 0.002:** uniform − null pass@1 = " in s and "| method − null |" in s
-    assert "Maze family: Controls" in s and "A/A: uniform_aa − uniform has a CI" in s
+    assert "Maze family: Controls" in s and "A/A: aa − uniform has a CI" in s
     assert "Δ vs the null" in s  # the regime map's controls
     assert isinstance(out["gate"]["admissible"], bool) and out["maze_gate"] is not None
     assert out["main"]["uniform"]["pass_at_k"].shape[0] == 3  # one row per seed
@@ -191,7 +191,7 @@ def test_lr_sweep_gates_each_lr_and_tables_theta(tmp_path):
     c.compare.seeds = tuple(range(8))
     out = study.run(c, str(tmp_path))
     rows = {r["lr"]: r for r in out["sweep"]}
-    assert rows[0.0]["admissible"] is False and rows[0.0]["gate"].mean == 0.0
+    assert rows[0.0]["admissible"] is False and rows[0.0]["gate"]["mean"] == 0.0
     s = out["summary"]
     assert "| 0.0 | +0.00 [+0.00, +0.00] (n.s.) ✗ |" in s
     if rows[0.5]["admissible"]:
@@ -212,13 +212,13 @@ def test_lr_sweep_on_the_maze_family_runs_its_cell(tmp_path):
     c.sweep.learning_rates, c.sweep.methods, c.sweep.thetas = (0.0, 0.5), ("uniform",), ()
     out = study.run(c, str(tmp_path))
     rows = {r["lr"]: r for r in out["sweep"]}
-    assert rows[0.0]["admissible"] is False and rows[0.0]["gate"].mean == 0.0
+    assert rows[0.0]["admissible"] is False and rows[0.0]["gate"]["mean"] == 0.0
     assert "## lr sweep (maze)" in out["summary"]
     # The maze cell's p differs from the answer task's: the lr-0 points are the start of a
     # different task (answer task tiny: 6 answers, the maze family: 3×3 mazes, H 4).
     c.sweep.family = "answers"
     ans = {r["lr"]: r for r in study.run(c, str(tmp_path / "a"))["sweep"]}
-    assert rows[0.0]["uniform"][0].mean != ans[0.0]["uniform"][0].mean
+    assert rows[0.0]["uniform"][0]["mean"] != ans[0.0]["uniform"][0]["mean"]
 
 
 def test_maze_forecast_config_is_the_registered_driver():
@@ -262,7 +262,7 @@ def test_window_table_averages_the_last_evaluations(tmp_path):
                                    ("sera_equalized", cells.NULL)]
     res, i = out["maze_cell"], list(c.eval.ks).index(4)
     w = lambda n: 100 * res[n]["pass_at_k"][:, -2:, 1, i].mean(1)
-    assert win["paired"][("sera_equalized", "uniform")][4] == stats.paired(
+    assert win["paired"][("sera_equalized", "uniform")][4] == compare.seed_difference(
         w("sera_equalized"), w("uniform"))
     assert np.isclose(win["mean"][cells.NULL][4], w(cells.NULL).mean())
     assert win["gate"]["delta"] == study.gate(res, list(c.eval.ks), "t")["delta"]

@@ -1,0 +1,170 @@
+"""Task validity: does the start read the prompt, or does it guess?
+
+The start stage writes `sft/validity.json` (`sft_validity`): the kind's blind control
+(`Kind.blind_validity`: the maze-blind or answer-blind guesser) on the held-out prompts the
+study evaluates (exact blind pass@k at the evaluation's ks, distinct answers, the share of
+held-out answers that are also answers it draws from) beside the start's held-out pass@k
+(step-0 keys, final sample size) and the ratios start / blind at every k.
+
+The validity gate (`check_validity`), read before any RL run (`require_readable`: stages
+rl / compare / all / frontier / matched): the start reads its prompts only when
+
+* its held-out pass@1 is at least `compare.validity_pass1_ratio` (2) × the blind pass@1, and
+* the blind pass@k is at most `compare.validity_blind_share` (0.5) × the start's pass@k, at
+  k = `compare.validity_k` (0 = the primary endpoint's k, else min(64, eval.num_samples)).
+
+Otherwise the study refuses with one StudyError naming the numbers and the override
+`compare.allow_blind_task=True` (a documented exploration: the override is logged and
+recorded in comparison.json / frontier.json / matched.json under "validity").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+import numpy as np
+from absl import logging
+
+from sera_jax.records import read_json
+from sera_jax.studies import common
+from sera_jax.studies import compare as cmp
+from sera_jax.studies.paired.kinds import get_kind
+from sera_jax.studies.paired.spec import VALIDITY_DEFAULTS, build_task, start_fingerprint
+
+VALIDITY = "validity.json"
+OVERRIDE = "compare.allow_blind_task=True"
+
+
+def validity_settings(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The validity fields of `cfg.compare`, each filled with `VALIDITY_DEFAULTS` when the
+    config predates it; `k` resolved (0 -> the primary k, else min(64, eval.num_samples))."""
+    s = {f: cfg.compare.get(f, d) for f, d in VALIDITY_DEFAULTS.items()}
+    k = int(s["validity_k"])
+    if k == 0:
+        primary = cfg.compare.get("primary")
+        k = int(primary.k) if primary is not None else min(64, int(cfg.eval.num_samples))
+    return {"allow_blind_task": bool(s["allow_blind_task"]),
+            "pass1_ratio": float(s["validity_pass1_ratio"]),
+            "blind_share": float(s["validity_blind_share"]), "k": k}
+
+
+def check_validity(start: Mapping[str, float], blind: Mapping[str, float], k: int,
+                   pass1_ratio: float = 2.0, blind_share: float = 0.5) -> dict[str, Any]:
+    """The validity gate on held-out pass@k dicts (keys `str(k)`, values in [0, 1]) of the
+    SFT start and the blind control: passes iff start pass@1 >= `pass1_ratio` × blind pass@1
+    and blind pass@k <= `blind_share` × start pass@k. Returns the numbers, `passes` and one
+    `reasons` line per failed condition."""
+    s1, b1 = float(start["1"]), float(blind["1"])
+    sk, bk = float(start[str(k)]), float(blind[str(k)])
+    reasons = []
+    if s1 < pass1_ratio * b1:
+        reasons.append(f"start held-out pass@1 {100 * s1:.2f} % < {pass1_ratio:g} × blind "
+                       f"pass@1 {100 * b1:.2f} %")
+    if bk > blind_share * sk:
+        reasons.append(f"blind pass@{k} {100 * bk:.1f} % > {blind_share:g} × start pass@{k} "
+                       f"{100 * sk:.1f} %")
+    return {"passes": not reasons, "reasons": reasons, "k": int(k),
+            "pass1_ratio": float(pass1_ratio), "blind_share": float(blind_share),
+            "start_pass1": s1, "blind_pass1": b1, f"start_pass{k}": sk, f"blind_pass{k}": bk,
+            "ratio_pass1": s1 / b1 if b1 > 0 else None,
+            f"ratio_pass{k}": sk / bk if bk > 0 else None}
+
+
+def _start_pass_at_k(num_correct: Any, n: int, ks: list[int]) -> dict[str, float]:
+    v = cmp.per_prompt_pass_at_k(np.asarray(num_correct), n, ks).mean(axis=-1)
+    return {str(k): float(x) for k, x in zip(ks, v)}
+
+
+def sft_validity(cfg: ml_collections.ConfigDict, sft_dir: str, start: Mapping[str, Any],
+                 sft_step: int | None) -> dict[str, Any]:
+    """`sft/validity.json` (module docstring), cached under the task, SFT checkpoint,
+    evaluation and threshold fingerprint; `start`: the SFT start's held-out record at step 0
+    (final size, `eval.seed` keys: `sft/eval.json`'s "final")."""
+    settings = validity_settings(cfg)
+    n = int(start["num_samples"])
+    ks = sorted(set(cmp.ks_for(n)) | {settings["k"]})
+
+    def compute() -> dict[str, Any]:
+        task = build_task(cfg)
+        report = get_kind(cfg).blind_validity(task, "eval", int(cfg.eval.num_prompts), ks)
+        start_k = _start_pass_at_k(start["num_correct"], n, ks)
+        blind = report["blind_pass_at_k"]
+        check = check_validity(start_k, blind, settings["k"], settings["pass1_ratio"],
+                               settings["blind_share"])
+        return {**report, "ks": ks, "start_pass_at_k": start_k, "start_num_samples": n,
+                "ratio_start_over_blind": {k: (start_k[k] / blind[k] if blind[k] > 0 else None)
+                                           for k in blind},
+                "check": check}
+
+    fingerprint = {**start_fingerprint(cfg), "sft_step": sft_step,
+                   "start": {"num_samples": n, "key_seed": start.get("key_seed"),
+                             "num_correct": list(start["num_correct"])},
+                   "num_prompts": int(cfg.eval.num_prompts),
+                   "thresholds": {k: v for k, v in settings.items() if k != "allow_blind_task"}}
+    out = common.cached_json(os.path.join(sft_dir, VALIDITY), fingerprint, compute)
+    return out
+
+
+def validity_line(report: Mapping[str, Any]) -> str:
+    """One line for the log and the tables: blind vs start at pass@1 and the gate's k."""
+    c = report["check"]
+    k = c["k"]
+    kind = get_kind(report.get("kind") or "maze")  # reports before kinds: the maze's
+    what, seen, reads = kind.held_out_phrase(report), kind.words.seen, kind.words.reads
+    return (f"task validity ({what}, {report['distinct_answers']} distinct answers, "
+            f"{100 * report['seen_in_sft']:.0f} % {seen}): start pass@1 "
+            f"{100 * c['start_pass1']:.2f} % vs blind {100 * c['blind_pass1']:.2f} %, "
+            f"pass@{k} {100 * c[f'start_pass{k}']:.1f} % vs blind {100 * c[f'blind_pass{k}']:.1f}"
+            f" % -- {reads if c['passes'] else 'FAILS: ' + '; '.join(c['reasons'])}")
+
+
+def read_validity(sft_dir: str) -> dict[str, Any] | None:
+    """`sft/validity.json`, or None when the SFT stage predates it."""
+    path = os.path.join(sft_dir, VALIDITY)
+    return read_json(path) if os.path.exists(path) else None
+
+
+def validity_record(cfg: ml_collections.ConfigDict, sft_dir: str) -> dict[str, Any]:
+    """The gate's numbers for the outputs: {**check, override, allow_blind_task, line,
+    blind / start pass@k, distinct answers, seen_in_sft}; the report is the SFT stage's
+    `sft/validity.json`, recomputed here when missing or stale (from `sft/eval.json`)."""
+    sft_eval = read_json(os.path.join(sft_dir, "eval.json"))
+    report = sft_validity(cfg, sft_dir, sft_eval["final"],
+                          sft_eval.get("fingerprint", {}).get("sft_step"))
+    allow = validity_settings(cfg)["allow_blind_task"]
+    check = report["check"]
+    return {**check, "override": bool(allow and not check["passes"]), "allow_blind_task": allow,
+            "line": validity_line(report), "blind_pass_at_k": report["blind_pass_at_k"],
+            "start_pass_at_k": report["start_pass_at_k"],
+            "distinct_answers": report["distinct_answers"],
+            "distinct_sft_answers": report["distinct_sft_answers"],
+            "seen_in_sft": report["seen_in_sft"],
+            "num_prompts": report.get("num_prompts", report.get("num_mazes")),
+            "path": os.path.join(sft_dir, VALIDITY)}
+
+
+def require_readable(cfg: ml_collections.ConfigDict, sft_dir: str, what: str
+                     ) -> dict[str, Any]:
+    """Refuse `what` (a stage) on a start that does not clearly read the maze (one
+    StudyError naming the numbers and the override), unless `compare.allow_blind_task`;
+    returns `validity_record`."""
+    rec = validity_record(cfg, sft_dir)
+    if not rec["passes"]:
+        if not rec["allow_blind_task"]:
+            w = get_kind(cfg).words
+            raise common.StudyError(
+                f"{what}: the {w.start_long} does not clearly read the {w.prompt}: "
+                f"{'; '.join(rec['reasons'])} ({w.blind} guesser: {w.blind_note}; "
+                f"{rec['path']}). A comparison there measures guessing: choose a task / start "
+                f"where the start reads the {w.prompt}, or set --config.{OVERRIDE} for a "
+                "documented exploration (recorded in the outputs)")
+        logging.warning("%s: %s; running anyway (%s: a documented exploration)", what,
+                        rec["line"], OVERRIDE)
+    return rec
+
+
+__all__ = ["OVERRIDE", "VALIDITY", "check_validity", "read_validity", "require_readable",
+           "sft_validity", "validity_line", "validity_record", "validity_settings"]
