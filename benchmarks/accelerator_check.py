@@ -589,7 +589,7 @@ def part_maze(smoke: bool, deadline: float) -> dict[str, Any]:
         cfg.model.overrides.dtype = _MAZE_DTYPE.value
     dcfg = get_config(cfg.model.preset, **dict(cfg.model.overrides))
     steps = 1 if smoke else _MAZE_STEPS.value
-    r = maze.smoke(cfg, steps, _METHOD.value)
+    r = paired.smoke(cfg, steps, _METHOD.value)
     rl, t = cfg.rl, cfg.task
     return {
         "model": f"{cfg.model.preset} ({Path(path).stem})",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one device command (issue 40; docs/DEVELOPING.md "Device runs"): pass it as is to the
+# The one device command (docs/DEVELOPING.md "Device runs"): pass it as is to the
 # device tool, carrying device_wheels/ (`make device-wheels`):
 #
 #   bash benchmarks/device_run.sh            # on the GPU machine; writes into $OUT

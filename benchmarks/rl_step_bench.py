@@ -201,7 +201,7 @@ def maze_setup(smoke: bool, model_choice: str, seed: int, sft_dir: str = "") -> 
     if sft_dir and not smoke:
         model = maze_study.build_model(c)
         step = sft_lib.load_final_params(model, c.sft, sft_dir,
-                                         fingerprint=maze_study.sft_fingerprint(c))
+                                         fingerprint=maze_study.start_fingerprint(c))
         cfg, source = model.cfg, f"SFT policy of {sft_dir}, step {step}"
     c.task.num_sft = 0  # SFT mazes are dealt after the train split: it is unchanged
     if source == "random weights":

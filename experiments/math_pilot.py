@@ -1,5 +1,5 @@
-r"""Math pilot: the start policy on candidate task mixes at the RL sampler (issue 38 item 1;
-the recipe is `sera_jax.studies.math_pilot`).
+r"""Math pilot: the start policy on candidate task mixes at the RL sampler, scored with the
+paired study's evaluation (the recipe is `sera_jax.studies.math_pilot`).
 
     python -m experiments.math_pilot --config=configs/math/cpu.py --workdir=/tmp/math_pilot \
         --candidates=plain32,number24_s1 --config.eval.num_prompts=32 --config.eval.num_samples=8

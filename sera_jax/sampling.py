@@ -13,7 +13,7 @@ and the full one coexist, up to 1.75x the cache memory). For the flat RL rollout
 (prompt q repeated N_q times) pass the P distinct prompts plus `segment_ids`: each prompt
 is prefilled once, not N_q times.
 
-Padding. Prompts are *left*-padded (`sera_jax.tasks.base.left_pad`), positions are
+Padding. Prompts are *left*-padded (`left_pad`), positions are
 `cumsum(mask) - 1` and pad slots are invalid in the cache, so a row's computation does not
 depend on how much padding it got: a batch of prompts of different lengths yields the same
 tokens as sampling each prompt alone. Randomness is per row: row r draws step t from
@@ -506,7 +506,7 @@ def _validate_prompts(tokens: jax.Array, mask: jax.Array, vocab_size: int) -> No
     if not bool(jnp.all(mask[:, 1:] >= mask[:, :-1])):
         raise ValueError(
             "prompt_mask is not left-padded (a pad follows a real token); build prompts "
-            "with sera_jax.tasks.base.left_pad"
+            "with sera_jax.sampling.left_pad"
         )
     if not bool(jnp.all(jnp.where(mask, (tokens >= 0) & (tokens < vocab_size), True))):
         raise ValueError(f"prompt_tokens has ids outside [0, {vocab_size})")

@@ -27,7 +27,8 @@ from tests import util
 
 ROOT = util.ROOT
 DOCS = ["README.md"] + sorted(os.path.relpath(p, ROOT)
-                              for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
+                              for pattern in ("*.md", os.path.join("dev", "*.md"))
+                              for p in glob.glob(os.path.join(ROOT, "docs", pattern)))
 NOTEBOOKS = sorted(os.path.relpath(p, ROOT)
                    for p in glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
 
@@ -267,7 +268,7 @@ def test_readme_library_snippet_runs():
      ["--config=configs/maze/gone.py: "]),
     ("python -m experiments.gradient_alignment --config.measure.methods=\"('sera',)\"",
      bad_overrides, ["--config.measure.methods: no such field"]),
-    ("python -m experiments.math_reasoning --config=configs/math/cpu.py "
+    ("python -m experiments.math_rl --config=configs/math/cpu.py "
      "--config.compare.methods=sera,uniform", bad_overrides,
      ["--config.compare.methods=sera,uniform: a tuple field"]),
     ("[spec](docs/NO_SUCH.md)", functools.partial(broken_links, base=ROOT),
@@ -286,7 +287,7 @@ def test_a_broken_reference_is_reported(text, check, expected):
 @pytest.mark.parametrize("text, check", [
     ("see `sera_jax/methods.py` and `configs/math/{cpu,qwen3_4b_polaris}.py`", missing_paths),
     ("`tests/test_docs.py::test_a_broken_reference_is_reported`", missing_paths),
-    ("python -m experiments.math_reasoning --config=configs/math/cpu.py "
+    ("python -m experiments.math_rl --config=configs/math/cpu.py "
      "--config.compare.methods=\"('sera', 'uniform')\"", bad_overrides),
     ("[spec](docs/SPEC.md#1-setting-maximum-likelihood-rl-maxrl)",
      functools.partial(broken_links, base=ROOT)),

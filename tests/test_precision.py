@@ -22,8 +22,9 @@ from sera_jax.rl import config as rl_config
 from sera_jax.rl import trainer as trainer_lib
 from sera_jax.sampling import SamplingConfig, cache_length, generate, generate_with_cache
 from sera_jax.studies import common
-from sera_jax.studies import math_reasoning as mr
 from sera_jax.studies import paired as maze_study
+from sera_jax.studies.paired import evaluation as paired_evaluation
+from sera_jax.studies.paired.kinds import lm
 from tests.rl.test_trainer import one_device_mesh, small_config
 from tests.rl.toy import EmitTask, tiny_model
 from tests.util import ROOT
@@ -195,14 +196,14 @@ def test_unknown_dtype_names_fail_with_one_clear_message(field, value):
 
 def test_math_study_validates_dtype_names():
     cfg = config_files.get_config(os.path.join(ROOT, "configs", "math", "cpu.py"))
-    mr.validate(cfg)
+    maze_study.resolve(cfg, "all")
     for field, value in (("dtype", "bf16"), ("param_dtype", "half")):
         bad = config_files.get_config(os.path.join(ROOT, "configs", "math", "cpu.py"))
         bad.model[field] = value
         with pytest.raises(common.StudyError, match=rf"config\.model\.{field}='{value}'"):
-            mr.validate(bad)
+            maze_study.resolve(bad, "all")
     cfg.eval.kv_cache_dtype = "bfloat16"
-    assert mr.eval_sampling(cfg, type("T", (), dict(max_new_tokens=4, stop_ids=(), pad_id=0))
+    assert lm.eval_sampling(cfg, type("T", (), dict(max_new_tokens=4, stop_ids=(), pad_id=0))
                             ).cache_dtype == "bfloat16"
 
 
@@ -232,7 +233,7 @@ def test_precision_overrides_take_effect_and_defaults_keep_fingerprints():
     assert fp["model"]["dtype"] == "bfloat16" and fp["eval"]["kv_cache_dtype"] == "bfloat16"
     assert fp["rl"]["sampling"]["kv_cache_dtype"] == "bfloat16"
     assert "async_checkpoint" not in fp["rl"]
-    assert maze_study._eval_fingerprint(cfg)["kv_cache_dtype"] == "bfloat16"
+    assert paired_evaluation._eval_fingerprint(cfg)["kv_cache_dtype"] == "bfloat16"
     task = maze_study.build_task(cfg)
     assert maze_study.eval_sampling(cfg, task).cache_dtype == "bfloat16"
     trainer = trainer_lib.Trainer(rl, task, model, one_device_mesh())
@@ -249,6 +250,6 @@ def test_scan_layers_option_takes_effect_and_is_validated():
     with pytest.raises(TypeError, match="scan_layers"):  # ml_collections keeps it a bool
         cfg.model.scan_layers = "yes"
     math_cfg = config_files.get_config(os.path.join(ROOT, "configs", "math", "cpu.py"))
-    assert "scan_layers" not in mr.model_fingerprint(math_cfg)
+    assert "scan_layers" not in maze_study.start_fingerprint(math_cfg)["model"]
     math_cfg.model.scan_layers = True
-    assert mr.model_fingerprint(math_cfg)["scan_layers"] is True
+    assert maze_study.start_fingerprint(math_cfg)["model"]["scan_layers"] is True

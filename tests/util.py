@@ -1,4 +1,5 @@
-"""Helpers shared by tests: dotted config overrides and multi-process launches."""
+"""Helpers shared by tests: dotted config overrides, multi-process launches, notebooks, and a
+tiny random language model with a byte tokenizer (a Hugging Face directory)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,45 @@ def cpu_job_env(**extra: str) -> dict[str, str]:
     return env
 
 
+#: The special tokens of `write_byte_tokenizer` (ChatML, with `<|endoftext|>` as pad).
+BYTE_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
+
+def write_byte_tokenizer(path: str) -> int:
+    """A byte-level tokenizer (256 byte tokens, no merges, the ChatML specials) in
+    `path`/tokenizer.json with its tokenizer_config.json; returns its vocab size."""
+    import json
+
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([tokenizers.AddedToken(s, special=True) for s in BYTE_SPECIALS])
+    tok.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, f)
+    return tok.get_vocab_size(with_added_tokens=True)
+
+
+def write_tiny_lm(path: str, seed: int = 0) -> str:
+    """A tiny random 2-layer Qwen2-style decoder (hidden 32) with `write_byte_tokenizer`'s
+    tokenizer, saved as a Hugging Face checkpoint directory `path` (a `model.source='hf'`
+    policy for tests; made if missing); returns `path`."""
+    from flax import nnx
+
+    from sera_jax.models.decoder import Decoder, DecoderConfig
+    from sera_jax.models.weights import save_hf_checkpoint
+
+    os.makedirs(path, exist_ok=True)
+    vocab = write_byte_tokenizer(path)
+    cfg = DecoderConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=2,
+                        num_heads=2, num_kv_heads=1, qkv_bias=True, name="tiny")
+    save_hf_checkpoint(Decoder(cfg, rngs=nnx.Rngs(seed)), path, model_type="qwen2")
+    return path
 
 
 def execute_notebook(name: str, monkeypatch) -> list[dict]:
@@ -70,4 +109,7 @@ def execute_notebook(name: str, monkeypatch) -> list[dict]:
     NotebookClient(nb, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": ROOT}}).execute()
     return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-__all__ = ["ROOT", "cpu_job_env", "execute_notebook", "free_port", "launch", "set_field"]
+
+
+__all__ = ["BYTE_SPECIALS", "ROOT", "cpu_job_env", "execute_notebook", "free_port", "launch",
+           "set_field", "write_byte_tokenizer", "write_tiny_lm"]

@@ -1,23 +1,37 @@
-"""The published SmolLM2 math run (SERA_SPEC §7): SmolLM2-360M-Instruct on GSM8K train,
-evaluated on GSM8K-Platinum.
+r"""The published SmolLM2 math run (SERA_SPEC §7): SmolLM2-360M-Instruct on GSM8K train,
+evaluated on GSM8K-Platinum, as a paired comparison (`sera_jax.studies.paired`, the math
+kind): uniform vs SERA from the same pretrained start, the shuffled-reward null, curves at
+common random numbers.
 
 Spec settings: N0 16, n_min 2, n_max 64, AdamW lr 1e-5, 2000 steps, the SmolLM prompt
-(" Let's think step by step and output the final answer within \\boxed{}."), responses
+(" Let's think step by step and output the final answer within \boxed{}."), responses
 <= 2048 tokens (truncated = wrong), evaluation with 256 samples at T 0.6, top-p 0.95.
-Not fixed by the spec (our choice): 128 prompts per step, micro-batches, the mesh.
+Not fixed by the spec (our choice): 128 prompts per step, micro-batches, the mesh, and the
+paired protocol's fields: the curve (16 samples per problem every 100 steps on the whole
+evaluation set and 128 training problems), one seed per arm, the null control, the proposed
+primary endpoint (SERA − uniform on held-out pass@16 averaged over steps 1600-2000).
+
+Not pre-registered: `compare.exploratory = True`, so the RL stages run and every output says
+"exploratory (not pre-registered)". Before a run that counts: set `compare.exploratory =
+False`, fix the primary endpoint, seeds and controls, run `--stage=preregister` with the same
+model / data paths (they are hashed) and commit the file it writes
+(results/math/smollm2_360m_gsm8k/preregistration.json).
 
 Weights and data come from user paths (nothing downloads):
 
-    python -m experiments.math_reasoning --config=configs/math/smollm2_360m_gsm8k.py \
+    M="python -m experiments.math_rl --config=configs/math/smollm2_360m_gsm8k.py \
         --workdir=gs://.../smollm2_gsm8k \
         --config.model.path=/data/SmolLM2-360M-Instruct \
         --config.task.train_path=/data/gsm8k/train.jsonl \
-        --config.task.eval_path=/data/gsm8k_platinum/test.parquet \
-        --config.compare.methods="('uniform', 'sera')"
+        --config.task.eval_path=/data/gsm8k_platinum/test.parquet"
+    $M --stage=sft && $M --stage=rl && $M --stage=eval
 
 `model.path` is a Hugging Face directory (config.json, *.safetensors, tokenizer.json,
 tokenizer_config.json); the data files are GSM8K-style (`question`, `answer` with
-'#### <answer>'), JSONL or Parquet. Multi-host: `--config.rl.multihost.enabled=True`.
+'#### <answer>'), JSONL or Parquet. `task.num_train` / `task.num_eval` are the files' problem
+counts (GSM8K train 7,473, GSM8K-Platinum 1,209): the protocol checks the batch and the
+evaluation against them and divides the ever-solved share by `num_train`; give your files'
+counts if they differ. Multi-host: `--config.rl.multihost.enabled=True`.
 """
 
 import ml_collections
@@ -41,6 +55,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.task.train_path = ""  # required: GSM8K train (file or directory)
     c.task.eval_path = ""  # required: GSM8K-Platinum test (file or directory)
     c.task.format = "gsm8k"
+    c.task.num_train = 7473  # the files' problem counts (docstring)
+    c.task.num_eval = 1209
     c.task.template = "smollm"
     c.task.chat = True
     c.task.max_new_tokens = 2048
@@ -73,9 +89,19 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.mesh.tensor = 1
 
     c.compare.methods = ("uniform", "sera")
+    c.compare.seeds = (0,)
+    c.compare.null_seeds = (0,)
+    # Proposed (fixed only by a pre-registration): SERA − uniform on held-out pass@16, the
+    # mean over the last 5 points (steps 1600-2000).
+    c.compare.primary = ml_collections.ConfigDict(dict(method="sera", split="eval", k=16,
+                                                       window=5))
+    c.compare.exploratory = True  # pre-register (--stage=preregister, committed) to count
 
-    c.eval.num_samples = 256
-    c.eval.num_prompts = 100_000  # the whole evaluation set
+    c.eval.num_samples = 256  # the spec's evaluation (start and final policies)
+    c.eval.curve_samples = 16  # every evaluation point of the curve
+    c.eval.every = 100  # points 0, 100, ..., 2000
+    c.eval.num_prompts = 1209  # the whole evaluation set
+    c.eval.train_prompts = 128  # training problems 0..127: the true p behind realised κ
     c.eval.temperature = 0.6
     c.eval.top_p = 0.95
     c.eval.batch_size = 1024

@@ -1,6 +1,6 @@
 """Recompute every number of an exported math comparison from the files in its folder alone:
 `python results/math/recompute.py results/math/<name>` (the maze study's code: the math
-study is that study on a pretrained LM, `sera_jax.studies.paired.lm`).
+study is that study on a pretrained LM, `sera_jax.studies.paired.kinds.lm`).
 
 Prints the recomputed tables, then for each JSON how many saved values were recomputed equal;
 exit status 1 when any differs.

@@ -62,7 +62,17 @@ Layout, one layer per module (each imports only the ones above it):
 * ``_engine``: the jitted ``_core`` shared by every allocator and the validation in front
   of it (``_prepare``, ``_run``); it defines the :class:`Allocation` pytree.
 * ``api``: the public functions and the registry (``register``), re-exported here;
-  ``beyond``: the allocators beyond the paper, registered there too.
+  ``beyond``: the allocators beyond the paper (``posterior``, ``sequential``) and
+  ``evidence`` (``sera_evidence``: SERA with a cap on failure evidence), registered there too.
+
+Compile size: every call site of a traced function is compiled on its own, and the allocator
+is compiled into every program that allocates (the trainer's step, the lab's runner, the
+checked step). Where the same large computation runs more than once with different inputs it
+runs through one traced copy: ``_select._at_both`` (a search's two end totals, a two-step
+``lax.map``) and the two k-bounds of ``_waterline._predict_k`` (a two-step ``fori_loop``).
+That took the dynamic rule from 8,099 to 5,218 StableHLO lines (P = 256) and backend compile
+time down 35-40 % in two back-to-back runs, with bit-identical counts (384 cases, float32 and
+float64; ``git show 508ae7b``).
 """
 
 # The public API and its one `__all__` live in api.py; importing `beyond` registers its

@@ -1,22 +1,25 @@
 r"""Math pilot (`experiments/math_pilot.py`): how well does the start policy do on candidate
 task mixes, at the RL sampler?
 
-Issue 38 item 1: before RL can measurably learn on the CPU, the start policy's held-out
-pass@1 should be roughly 10-40 % with headroom at large k, and its answers short enough
-that few hit the token cap. For each named candidate (`CANDIDATES`: generator templates and
-step counts, prompt template, answer cap) this loads the policy of `--config` once and runs
-the study's own evaluation (`sera_jax.studies.math_reasoning.evaluate_policy`) on the first
-`eval.num_prompts` held-out problems x `eval.num_samples` samples at the RL sampler's
+Before RL can measurably learn on the CPU, the start policy's held-out pass@1 should be
+roughly 10-40 % with headroom at large k, and its answers short enough that few hit the token
+cap. For each named candidate (`CANDIDATES`: generator templates and step counts, prompt
+template, answer cap) this loads the policy of `--config` once (the math kind:
+`sera_jax.studies.paired.kinds.lm`) and scores it with the paired study's evaluation
+(`sera_jax.studies.paired.evaluation.evaluate_policy`, the keys of evaluation point 0) on the
+first `eval.num_prompts` held-out problems x `eval.num_samples` samples at the RL sampler's
 temperature / top-p (`rl.sampling`), then prints pass@1 / pass@n, maj@n, truncation, mean
-answer length (tokens) and seconds per candidate.
+answer length (tokens) and seconds per candidate. The model and every candidate's task block
+are validated (`lm.validate_model` / `lm.validate_task`) before anything loads.
 
     python -m experiments.math_pilot --config=configs/math/cpu.py --workdir=/tmp/math_pilot \
         --candidates=plain32,number24_s1 --config.eval.num_prompts=32 --config.eval.num_samples=8
 
-Each candidate's record is `<workdir>/<name>.json` (evaluate_policy's record plus the
-candidate's fields and the split sizes); a finished candidate is not re-run, so a killed
-command continues where it stopped. The task sizes are 128 train / 128 held-out problems
-(generator seed `task.seed`), or 96 / 96 where the templates cannot supply 128 (add, mul).
+Each candidate's record is `<workdir>/<name>.json` (the evaluation record plus the sampler,
+three example completions, the candidate's fields and the split sizes); a finished candidate
+is not re-run, so a killed command continues where it stopped. The task sizes are 128 train /
+128 held-out problems (generator seed `task.seed`), or 96 / 96 where the templates cannot
+supply 128 (add, mul).
 """
 
 from __future__ import annotations
@@ -28,7 +31,12 @@ from typing import Any
 
 import ml_collections
 
+from sera_jax.records import read_json, write_json
 from sera_jax.studies import common
+from sera_jax.studies.paired.evaluation import evaluate_policy
+from sera_jax.studies.paired.kinds import lm
+from sera_jax.studies.paired.spec import build_model, build_task, eval_sampling, make_mesh
+from sera_jax.tasks.mathqa.task import load_splits
 
 _BARE = "bare_add,bare_sub,bare_mul"
 _SMALL = "small_add,small_sub,small_mul"
@@ -68,16 +76,15 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "small24_nl": dict(steps=(1,), templates=_SMALL, template="number", max_new_tokens=24,
                        stop_at_newline=True),
 }
-#: Problems per split, the first one the candidate's templates supply (issue 38 asks for
+#: Problems per split, the first one the candidate's templates supply (the pilot wants
 #: >= 128 train and >= 128 held-out).
 SPLIT_SIZES = (128, 96, 64)
 
+
 def candidate_config(cfg: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
     """`cfg` with candidate `name`'s task overrides, the most problems per split of
-    `SPLIT_SIZES` the templates can supply (add/mul has ~110 held-out contents) and the RL
-    sampler's temperature / top-p for the evaluation."""
-    from sera_jax.tasks.mathqa.task import load_splits
-
+    `SPLIT_SIZES` the templates can supply (add/mul has ~110 held-out contents), the RL
+    sampler's temperature / top-p for the evaluation and no training-problem scoring."""
     c = copy.deepcopy(cfg)
     for field, value in CANDIDATES[name].items():
         c.task[field] = value
@@ -90,35 +97,53 @@ def candidate_config(cfg: ml_collections.ConfigDict, name: str) -> ml_collection
             continue
     c.eval.temperature, c.eval.top_p = c.rl.sampling.temperature, c.rl.sampling.top_p
     c.eval.top_k, c.eval.max_new_tokens = 0, 0
+    c.eval.train_prompts = 0  # held-out problems only
     return c
+
+
+def evaluate_candidate(model: Any, task: Any, c: ml_collections.ConfigDict, mesh: Any,
+                       examples: int = 3) -> dict[str, Any]:
+    """The start scored on candidate config `c` (`evaluate_policy` at point 0) with the
+    sampler's settings and `examples` decoded completions (`lm.sample_examples`)."""
+    record = evaluate_policy(model, task, c, int(c.eval.num_samples), 0, mesh)
+    sampling = eval_sampling(c, task)
+    record["maj_at_n"] = record.pop("maj")
+    record.update(num_prompts=min(int(c.eval.num_prompts), task.split_size("eval")),
+                  temperature=float(sampling.temperature), top_p=float(sampling.top_p),
+                  max_new_tokens=int(sampling.max_new_tokens))
+    if examples:
+        record["examples"] = lm.sample_examples(model, task, c, mesh, examples)
+    return record
 
 
 def run(cfg: ml_collections.ConfigDict, workdir: str, candidates: list[str]) -> dict[str, Any]:
     """Evaluate the start policy on each named candidate (resuming finished ones from
-    `<workdir>/<name>.json`); returns {"records", "summary" (markdown)}."""
-    from sera_jax.models.policy import load_policy
-    from sera_jax.records import read_json, write_json
-    from sera_jax.studies import math_reasoning as study
-    from sera_jax.tasks.mathqa.task import task_from_config
-
+    `<workdir>/<name>.json`); returns {"records", "summary" (markdown)}. Every candidate's
+    config is checked before the model loads."""
     unknown = sorted(set(candidates) - set(CANDIDATES))
     if unknown:
         raise common.StudyError(f"--candidates: unknown {unknown}; known: {sorted(CANDIDATES)}")
+    lm.validate_model(cfg)
+    for field in ("num_samples", "num_prompts", "batch_size"):
+        common.check(common.positive_int(cfg.eval[field]), f"eval.{field}", cfg.eval[field],
+                     "an integer >= 1")
+    configs = {name: candidate_config(cfg, name) for name in candidates}
+    for c in configs.values():
+        lm.validate_task(c)
     workdir = common.prepare_workdir(workdir)
-    model, tokenizer, mesh = None, None, study.make_mesh(cfg)
+    model, mesh = None, make_mesh(cfg)
     records = {}
-    for name in candidates:
+    for name, c in configs.items():
         path = os.path.join(workdir, f"{name}.json")
         if os.path.exists(path):
             records[name] = read_json(path)
             continue
-        c = candidate_config(cfg, name)
         if model is None:
             t0 = time.perf_counter()
-            model, tokenizer = load_policy(c.model, mesh)
+            model = build_model(c, mesh)
             print(f"model loaded in {time.perf_counter() - t0:.0f} s", flush=True)
-        task = task_from_config(c.task, tokenizer)
-        record = study.evaluate_policy(model, task, c, mesh, examples=3)
+        task = build_task(c)
+        record = evaluate_candidate(model, task, c, mesh)
         record.update(candidate=name, task=dict(CANDIDATES[name]),
                       num_train=task.split_size("train"), num_eval=task.split_size("eval"),
                       prompt_len_max=int(task.max_prompt_len))
@@ -143,4 +168,5 @@ def table(records: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["CANDIDATES", "SPLIT_SIZES", "candidate_config", "run", "table"]
+__all__ = ["CANDIDATES", "SPLIT_SIZES", "candidate_config", "evaluate_candidate", "run",
+           "table"]

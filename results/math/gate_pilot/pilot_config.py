@@ -1,6 +1,8 @@
 """The RL gate pilot of issue 38 (results/math/gate_pilot/stamp.json): configs/math/cpu.py
 with the small24_nl task, 128 / 128 problems, P 8 x N0 8, lr 1e-5, 40 steps, 128 x 16
-held-out samples at T 1. Run by experiments/math_reasoning.py (before / after only)."""
+held-out samples at T 1. Run by experiments/math_reasoning.py (before / after only) at commit
+3402747; that binary has been removed since, and configs/math/cpu.py (which this extends) is
+now a paired-study config: re-run it from a checkout of that commit."""
 import os
 
 from sera_jax import config_files

@@ -80,7 +80,7 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequ
       f"<= task.num_eval={t.num_eval}")
     c(isinstance(e.train_prompts, int) and 0 <= e.train_prompts <= t.num_train,
       "eval.train_prompts", e.train_prompts, f"an integer in [0, task.num_train={t.num_train}]"
-      " (0 = no training-maze evaluation, so no realised κ)")
+      " (0 = no training-prompt evaluation, so no realised κ)")
     c(isinstance(e.every, int) and e.every >= 0, "eval.every", e.every, ">= 0 (0 = final only)")
     c(isinstance(e.temperature, int | float) and np.isfinite(e.temperature) and
       e.temperature > 0, "eval.temperature", e.temperature, "a finite number > 0")
@@ -136,7 +136,7 @@ def validate_primary(cfg: ml_collections.ConfigDict) -> None:
     c(p.split in SPLITS, "compare.primary.split", p.split, f"one of {SPLITS}")
     if p.split == "train":
         c(cfg.eval.train_prompts > 0, "compare.primary.split", p.split,
-          "'eval' (eval.train_prompts = 0: no training-maze evaluation)")
+          "'eval' (eval.train_prompts = 0: no training-prompt evaluation)")
     c(common.positive_int(p.k) and p.k <= int(cfg.eval.curve_samples), "compare.primary.k",
       p.k, f"an integer in [1, eval.curve_samples={cfg.eval.curve_samples}]")
     # A run shorter than the window (e.g. a quick --config.rl.num_steps=100) averages the
@@ -166,7 +166,7 @@ def validate_validity(cfg: ml_collections.ConfigDict) -> None:
 def validate_frontier(cfg: ml_collections.ConfigDict) -> None:
     """The frontier fields, and every lr's config as a comparison."""
     common.check("frontier" in cfg, "frontier", None,
-                 "a frontier section (configs/maze/frontier.py)")
+                 "a frontier section (configs/maze/cpu.py has one)")
     common.check(isinstance(cfg.frontier.null, bool), "frontier.null", cfg.frontier.null,
                  "True or False (the null control gives each lr's gate)")
     common.int_list(cfg.frontier.null_seeds, "frontier.null_seeds")

@@ -3,7 +3,7 @@ with seed-level bands, the one pre-registered primary endpoint, Holm-adjusted se
 endpoints, the null gate, the A/A false-positive rate, and per-step diagnostics.
 
 The seed is the unit of inference (`sera_jax.studies.compare.seed_interval`): at every
-evaluation point t, `Δ_s(t)` = mean over mazes of the per-maze pass@k difference of two arms
+evaluation point t, `Δ_s(t)` = mean over prompts of the per-prompt pass@k difference of two arms
 paired on seed s (both scored with t's keys, as the SFT start: common random numbers), and
 the 95 % band is Student t over seeds. An endpoint averages `Δ_s(t)` over the last
 `compare.primary.window` points first.
@@ -94,10 +94,10 @@ def per_step_diagnostics(allocs: Sequence[Mapping[str, Any]],
                          train: Sequence[Mapping[str, Any]],
                          curve: Mapping[int, Mapping[str, Any]], num_train: int, shift: int
                          ) -> list[dict[str, Any]]:
-    """One record per RL step t: `ever_solved` (share of the `num_train` training mazes with
+    """One record per RL step t: `ever_solved` (share of the `num_train` training prompts with
     a success in some training rollout of steps ≤ t), `unsolved_share` (share of step t's
-    rollouts on mazes with no success in steps < t), believed κ min/mean (κ(p̂, N), seen
-    active prompts) and realised κ min/mean (κ(c/n, N) with c/n the training-maze
+    rollouts on prompts with no success in steps < t), believed κ min/mean (κ(p̂, N), seen
+    active prompts) and realised κ min/mean (κ(c/n, N) with c/n the training-prompt
     evaluation at the latest point ≤ t − 1), `mixed_fraction`, and from the trainer's
     records `live_row_fraction`, `generated_tokens`, `active_prompts`, `reward_mean`."""
     by_step = {int(r["step"]): r for r in train}
@@ -172,16 +172,16 @@ def curve_statistics(cfg: ml_collections.ConfigDict, methods: Sequence[str],
 
     `recs`: {arm: {seed: {step: curve-size evaluation record}}} of the runs with every point
     (`curve_records`); `sft_curve`: {step: SFT record at curve size with that point's keys};
-    `noise_floor_curve`: `compare.noise_floor` on held-out mazes at curve size;
+    `noise_floor_curve`: `compare.noise_floor` on held-out prompts at curve size;
     `diagnostics`: {arm: {str(seed): per_step_diagnostics}}; `preregistered`: whether the
     primary endpoint was recorded before the runs.
 
     The primary endpoint carries two intervals: `estimate`, the seed-level Student t
-    interval of the per-seed window means (mazes, keys and the SFT start held fixed), and
-    `two_level`, the paired bootstrap of `compare.paired_bootstrap` on the per-seed per-maze
+    interval of the per-seed window means (prompts, keys and the start held fixed), and
+    `two_level`, the paired bootstrap of `compare.paired_bootstrap` on the per-seed per-prompt
     window-mean differences `d[s, m]` (each resample draws the seeds and, once for all
-    seeds, the held-out mazes with replacement; `compare.bootstrap` resamples, percentile
-    interval): the maze sample's variation included.
+    seeds, the held-out prompts with replacement; `compare.bootstrap` resamples, percentile
+    interval): the prompt sample's variation included.
     """
     steps = eval_steps(cfg)
     n, level = int(cfg.eval.curve_samples), float(cfg.compare.level)
@@ -298,9 +298,9 @@ def window_bootstrap(correct_a: Any, correct_b: Any, n: int, k: int, window: int
                      num_resamples: int = 2000, level: float = 0.95, seed: int = 0
                      ) -> dict[str, Any]:
     """Two-level bootstrap of a window endpoint: counts `[S, T, M]` of arms A and B (seed s
-    paired, point t of both with t's keys) -> per-seed per-maze `d[s, m]` = mean over the
-    last `window` points of the per-maze pass@k difference -> `compare.paired_bootstrap`
-    (resample seeds, and mazes once for all seeds; percentile interval)."""
+    paired, point t of both with t's keys) -> per-seed per-prompt `d[s, m]` = mean over the
+    last `window` points of the per-prompt pass@k difference -> `compare.paired_bootstrap`
+    (resample seeds, and prompts once for all seeds; percentile interval)."""
     a, b = np.asarray(correct_a, np.int64), np.asarray(correct_b, np.int64)
     v = cmp.per_prompt_pass_at_k(a, n, [k])[0] - cmp.per_prompt_pass_at_k(b, n, [k])[0]
     d = v[:, -int(window):, :].mean(axis=1)  # [S, M]

@@ -48,11 +48,11 @@ def _score(model: Any, task: Any, cfg: ml_collections.ConfigDict, split: str,
 def evaluate_policy(model: Any, task: Any, cfg: ml_collections.ConfigDict,
                     num_samples: int, step: int, mesh: jax.sharding.Mesh | None,
                     seed: int | None = None) -> dict[str, Any]:
-    """Evaluation point `step`: `num_samples` completions per maze at `eval.temperature` on
-    the first `eval.num_prompts` held-out mazes and (under `train`) on the first
-    `eval.train_prompts` training mazes, with the keys `eval_key(seed, step, split)`
+    """Evaluation point `step`: `num_samples` completions per prompt at `eval.temperature` on
+    the first `eval.num_prompts` held-out prompts and (under `train`) on the first
+    `eval.train_prompts` training prompts, with the keys `eval_key(seed, step, split)`
     (`seed` defaults to `eval.seed`). Returns a JSON-able record with the pass@k curves and
-    the per-maze correct counts."""
+    the per-prompt correct counts."""
     seed = int(cfg.eval.seed if seed is None else seed)
     t0 = time.perf_counter()
     out = {"step": int(step), "key_seed": seed,
@@ -66,7 +66,7 @@ def evaluate_policy(model: Any, task: Any, cfg: ml_collections.ConfigDict,
 
 
 def pass1_distribution(num_correct: Sequence[int], num_samples: int) -> dict[str, Any]:
-    """Summary of per-maze pass@1 = c/n: mean, quantiles, histogram over fixed bins."""
+    """Summary of per-prompt pass@1 = c/n: mean, quantiles, histogram over fixed bins."""
     p = np.asarray(num_correct, np.float64) / num_samples
     edges = [0.0, 1e-12, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0 - 1e-12, 1.0 + 1e-12]
     labels = ["0", "(0,.1)", "[.1,.3)", "[.3,.5)", "[.5,.7)", "[.7,.9)", "[.9,1)", "1"]

@@ -1,15 +1,15 @@
-"""Raw results export (issue 37, `--stage=export`): everything a reader needs to recompute the
-comparison (and frontier, and lr-matched) numbers, under `results/maze/<config name>/`:
+"""Raw results export (`--stage=export`): everything a reader needs to recompute the
+comparison (and frontier, and lr-matched) numbers, under `results/<kind>/<config name>/`:
 
 * `comparison.json`, `frontier.json` / `matched.json` (when the workdir has them) and
   `preregistration.json` (a copy, when the committed file lives elsewhere);
 * `config.json` (the config as run), `export.json` (the methods, seeds and lrs exported) and
   `sft_validity.json` (the start's `sft/validity.json`: the blind control's report);
-* `counts.npz`: per-maze correct counts, int16, compressed -- the SFT start at every scoring
+* `counts.npz`: per-prompt correct counts, int16, compressed -- the SFT start at every scoring
   (`sft/<step>_<n>_<keys>/<split>`), every run's final point, curve points `[T, M]` and
   noise-key scoring (`run/<arm>/<seed>/{final,curve,noise}/<split>`), the same per frontier
   lr (`frontier/<lr>/run/...`) and for the matched arm (`matched/run/...`), and the
-  maze-blind control's per-maze success probability (`blind_q`).
+  blind control's per-prompt success probability (`blind_q`).
 
 `sera_jax.studies.paired.recompute` rebuilds the tables from these files alone.
 """
@@ -26,6 +26,8 @@ import numpy as np
 
 from sera_jax.records import read_json, write_json
 from sera_jax.studies import common
+from sera_jax.studies.paired import frontier as fr
+from sera_jax.studies.paired import matched as mt
 from sera_jax.studies.paired.prereg import preregistration_path
 from sera_jax.studies.paired.report import gather
 from sera_jax.studies.paired.spec import results_dir
@@ -70,10 +72,7 @@ def export_results(cfg: ml_collections.ConfigDict, workdir: str,
                    methods: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
                    out_dir: str | None = None) -> dict[str, Any]:
     """Write the export (module docstring) of the workdir's finished comparison to `out_dir`
-    (default `<repo>/results/maze/<config.name>/`); returns {dir, files, bytes}."""
-    from sera_jax.studies.paired import frontier as fr
-    from sera_jax.studies.paired import matched as mt
-
+    (default `<repo>/results/<kind>/<config.name>/`); returns {dir, files, bytes}."""
     results = os.path.join(workdir, "results")
     if not os.path.exists(os.path.join(results, "comparison.json")):
         raise common.StudyError(f"no {os.path.join(results, 'comparison.json')}: run "

@@ -1,4 +1,4 @@
-"""Maze study learning-rate frontiers and the lr pilot (`--stage=frontier`, `config.frontier`).
+"""Learning-rate frontiers and the lr pilot (`--stage=frontier`, `config.frontier`).
 
 For every lr of `frontier.learning_rates`: the comparison of `frontier.methods` with
 `frontier.seeds` and the null control (`frontier.null_seeds`) from the shared SFT stage, in
@@ -11,7 +11,7 @@ mean over the last `window` evaluation points, then the Student t interval over 
 lr's gate is `curves.null_gate` (baseline − null at held-out pass@1, CI above 0 and mean above
 `compare.gate_floor_multiple` × the noise floor).
 
-The lr rule (issue 26): **the selected lr is the one where the baseline does best on the
+The lr rule: **the selected lr is the one where the baseline does best on the
 primary endpoint's metric among the lrs whose gate passes** — the baseline tuned on the
 compared metric, never the lr that makes a comparison look best. With
 `frontier.methods = ("uniform",)` this stage is the lr pilot; with uniform and SERA it draws
@@ -25,9 +25,10 @@ point. SERA's distance above that frontier at its own pass@1 carries a seed-boot
 (`frontier_distance`: each resample draws every (lr, arm)'s seeds with replacement,
 independently, recomputes the mean points and the interpolated distance; the SFT start is one
 fixed policy; resamples whose SERA pass@1 falls outside the frontier's pass@1 range are left
-out and counted). The maze-blind control's (pass@1, pass@k) is tabled and drawn beside them.
+out and counted). The blind control's (pass@1, pass@k) is tabled and drawn beside them.
 The frontier is pre-registered (`prereg`, section "frontier": metric, window, lr grid and the
-rules) and refuses to run on a start that does not read the maze (`validity`).
+rules) and refuses to run on a start that does not read its prompts (`validity`); an
+exploratory config (`compare.exploratory`) runs without it and its outputs say so.
 
 Outputs: `results/frontier.{json,md,png}`.
 """
@@ -44,6 +45,7 @@ import numpy as np
 
 from sera_jax.records import log_timing, write_json
 from sera_jax.studies import compare as cmp
+from sera_jax.studies.paired.figures import plot_frontier
 from sera_jax.studies.paired.kinds import get_kind
 from sera_jax.studies.paired.prereg import check_preregistration
 from sera_jax.studies.paired.report import aggregate
@@ -98,7 +100,7 @@ def start_point(table: dict[str, Any], k: int, window: int) -> dict[str, float]:
 
 
 def blind_point(table: dict[str, Any], k: int) -> dict[str, float] | None:
-    """The maze-blind control's exact (pass@1, pass@k), when the table has it."""
+    """The blind control's exact (pass@1, pass@k), when the table has it."""
     b = table.get("blind", {}).get("pass_at_k", {})
     return ({"pass@1": float(b["1"]), f"pass@{k}": float(b[str(k)])}
             if "1" in b and str(k) in b else None)
@@ -298,8 +300,6 @@ def validity_lines(out: dict[str, Any]) -> list[str]:
 
 def write_frontier(out: dict[str, Any], results_dir: str) -> None:
     """`frontier.{json,md,png}` of the lrs finished so far."""
-    from sera_jax.studies.paired.figures import plot_frontier
-
     os.makedirs(results_dir, exist_ok=True)
     write_json(os.path.join(results_dir, "frontier.json"), out)
     with open(os.path.join(results_dir, "frontier.md"), "w") as f:

@@ -7,7 +7,7 @@ SERA's, chosen by `MATCH_RULE` (`matched_lr`) from the frontier's results
 runs, then run with the matched seeds from the shared SFT start in `matched/lr<lr>/`, and
 compared with SERA (the workdir's runs at the config's lr, same seeds, same evaluation keys)
 on the pre-registered endpoint: SERA − matched uniform on held-out pass@k (the primary's k
-and window), seed-level t interval and the two-level bootstrap over seeds and mazes.
+and window), seed-level t interval and the two-level bootstrap over seeds and prompts.
 
 Gains are window means (the last `window` evaluation points, as every frontier point) of
 held-out pass@1 minus the SFT start's over the same points (same keys).
@@ -200,7 +200,7 @@ def matched_markdown(out: dict[str, Any]) -> str:
                 f" [{100 * e['lo']:+.2f}, {100 * e['hi']:+.2f}] (seed-level t)")
         lines += ["", f"**{out['endpoint']['comparison']}** on held-out pass@{k}, mean of the "
                   f"last {r['window_used']} points, {len(r['seeds'])} seeds: "
-                  f"{100 * e['mean']:+.2f}{band}; two-level bootstrap (seeds and mazes) "
+                  f"{100 * e['mean']:+.2f}{band}; two-level bootstrap (seeds and prompts) "
                   f"[{100 * b['lo']:+.2f}, {100 * b['hi']:+.2f}]. Pass@1 difference (the match "
                   f"check): {100 * e1['mean']:+.2f} pp."]
     v = out.get("validity")

@@ -40,6 +40,7 @@ import ml_collections
 from sera_jax import loop
 from sera_jax.records import read_json, write_json
 from sera_jax.studies import common
+from sera_jax.studies.paired.kinds import get_kind
 from sera_jax.studies.paired.spec import (
     comparison_spec,
     frontier_spec,
@@ -207,7 +208,8 @@ def check_preregistration(cfg: ml_collections.ConfigDict, section: str = "compar
     """Refuse (StudyError naming the file and the fix) unless the pre-registration exists and
     its `section` equals the config's; returns {path, found, committed, hash_matches}."""
     path = preregistration_path(cfg)
-    fix = (f"write it with `python -m experiments.maze --config=<{cfg.get('name', '')} config>"
+    fix = (f"write it with `python -m {get_kind(cfg).binary} --config=<{cfg.get('name', '')} "
+           "config>"
            " --stage=preregister` and commit it before any RL run")
     if not os.path.exists(path):
         raise common.StudyError(f"no pre-registration at {path}: {fix}")

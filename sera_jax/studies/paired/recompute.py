@@ -1,12 +1,12 @@
-"""Recompute every number of an exported maze comparison from its files alone (issue 37).
+"""Recompute every number of an exported paired comparison from its files alone.
 
-`recompute(folder)` reads `results/maze/<name>/` (`export`): the per-maze correct counts of
+`recompute(folder)` reads `results/<kind>/<name>/` (`export`): the per-prompt correct counts of
 `counts.npz`, `config.json` and `export.json`, and rebuilds with the aggregator's own functions
 (`report.build_table`, `frontier.point` / `summarise`, `matched.matched_endpoint`'s
 arithmetic):
 
 * the comparison table: every pass@k (recomputed from the counts as the evaluation does,
-  `metrics.pass_at_k_curve`), the blind control (from the per-maze `blind_q`), the validity
+  `metrics.pass_at_k_curve`), the blind control (from the per-prompt `blind_q`), the validity
   check, paired differences, noise floors (unpaired and paired), the null control, the
   curve analysis (Δ(t), primary endpoint with both intervals, secondaries, gate, A/A);
 * the frontier's points, gates, selected lr and distances with their CIs;
@@ -26,12 +26,18 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from sera_jax.loop import canonical
 from sera_jax.metrics import pass_at_k_curve
 from sera_jax.records import read_json
+from sera_jax.studies import compare as cmp
+from sera_jax.studies.paired import frontier as fr
+from sera_jax.studies.paired import matched as mt
 from sera_jax.studies.paired.evaluation import pass1_distribution
 from sera_jax.studies.paired.export import COUNTS
+from sera_jax.studies.paired.frontier import frontier_markdown
 from sera_jax.studies.paired.kinds.base import blind_pass_at_k
 from sera_jax.studies.paired.report import RUN_FIELDS, build_table
+from sera_jax.studies.paired.tables import comparison_markdown
 from sera_jax.studies.paired.validity import check_validity, validity_settings
 
 
@@ -116,8 +122,6 @@ def recompute_validity(cfg: ml_collections.ConfigDict, counts: Mapping[str, np.n
                        saved: Mapping[str, Any]) -> dict[str, Any]:
     """The validity record: blind pass@k from `blind_q`, the start's from its counts, the
     check; the descriptive fields (distinct answers, path) from `saved`."""
-    from sera_jax.studies import compare as cmp
-
     s = validity_settings(cfg)
     n = int(cfg.eval.num_samples)
     ks = sorted(set(cmp.ks_for(n)) | {s["k"]})
@@ -133,9 +137,6 @@ def recompute_validity(cfg: ml_collections.ConfigDict, counts: Mapping[str, np.n
 def recompute(folder: str) -> dict[str, Any]:
     """{"comparison": table, "frontier": out | None, "matched": result | None} rebuilt from
     the export in `folder` (module docstring)."""
-    from sera_jax.studies.paired import frontier as fr
-    from sera_jax.studies.paired import matched as mt
-
     cfg = ml_collections.ConfigDict(read_json(os.path.join(folder, "config.json")))
     manifest = read_json(os.path.join(folder, "export.json"))
     saved = read_json(os.path.join(folder, "comparison.json"))
@@ -208,8 +209,6 @@ def compare_numbers(recomputed: Any, saved: Any, tol: float = 0.0) -> list[str]:
     """Paths (and values) of every leaf of `saved` that `recomputed` lacks or differs on
     (numbers: by more than `tol`; the wording of `DESCRIPTIONS` leaves is not compared);
     JSON round trip first (tuples, int keys)."""
-    from sera_jax.loop import canonical
-
     a, b = _numbers(canonical(recomputed)), _numbers(canonical(saved))
     bad = []
     for path, v in b.items():
@@ -226,9 +225,6 @@ def compare_numbers(recomputed: Any, saved: Any, tol: float = 0.0) -> list[str]:
 def main(folder: str) -> int:
     """Print the recomputed tables and the check against the saved JSON (exit status 1 on a
     difference)."""
-    from sera_jax.studies.paired.frontier import frontier_markdown
-    from sera_jax.studies.paired.tables import comparison_markdown
-
     out = recompute(folder)
     print(comparison_markdown(out["comparison"]))
     status = 0

@@ -114,11 +114,11 @@ def write_regime(out: dict[str, Any], results_dir: str, stem: str = "regime_map"
 
 def regime_markdown(out: dict[str, Any]) -> str:
     """One row per (cell, compared method): pass@1 and pass@k_max differences with CIs and
-    verdicts; of both arms the mixed fraction, the realised κ_min over solvable mazes and the
-    budget share on never-solved mazes."""
+    verdicts; of both arms the mixed fraction, the realised κ_min over solvable prompts and the
+    budget share on never-solved prompts."""
     lines = [exploratory_banner(), ""] if out.get("exploratory") else []
     lines += ["| P | N0 | n_max | θ | method | Δ pass@1 [95 % CI] | Δ pass@k_max [95 % CI] | "
-             "mixed (base / method) | κ_min realised, solvable mazes (base / method) | budget on "
+             "mixed (base / method) | κ_min realised, solvable prompts (base / method) | budget on "
              "never-solved (base / method) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for cell in out["cells"].values():

@@ -65,13 +65,13 @@ def allocation_diagnostics(allocs: list[dict], curve: list[dict], shift: int
                            ) -> dict[str, float | None]:
     """What the allocator believed and what was true, averaged over steps.
 
-    Step t's batch was sampled by the policy of step t − 1; its true per-maze success rate
-    is taken from the training-maze evaluation at the latest evaluation point <= t − 1
+    Step t's batch was sampled by the policy of step t − 1; its true per-prompt success rate
+    is taken from the training-prompt evaluation at the latest evaluation point <= t − 1
     (`p = c/n`). Over the active prompts with an estimate: believed κ = κ(p̂_q, N_q),
     realised κ = κ(p_q, N_q), `κ(p, N) = 1 − (1 − p)^(N − shift)`; per step the min and the
-    mean, then the mean over steps (`kappa_true_min_solvable`: the min over mazes with
-    p > 0, since a maze the policy never solves has κ = 0 whatever its N). Also: the share
-    of all generated rollouts spent on mazes never solved by any of the run's training
+    mean, then the mean over steps (`kappa_true_min_solvable`: the min over prompts with
+    p > 0, since a prompt the policy never solves has κ = 0 whatever its N). Also: the share
+    of all generated rollouts spent on prompts never solved by any of the run's training
     rollouts, and the mean fraction of mixed groups.
     """
     points = sorted((r["step"], r["train"]) for r in curve if "train" in r)
@@ -366,7 +366,7 @@ def paired_floor(cfg: ml_collections.ConfigDict, runs: Mapping[str, Mapping[int,
                  ks: Sequence[int], boot: Mapping[str, Any]) -> dict[str, Any]:
     """The noise floor as paired arms see it: for the primary pair (primary method, else the
     first compared method, − baseline) at the seeds where both final policies were also
-    scored with the noise key set (`eval.paired_noise`), per seed and maze
+    scored with the noise key set (`eval.paired_noise`), per seed and prompt
     `dd = (v_A − v_B)[keys eval.seed] − (v_A − v_B)[keys eval.noise_seed]`, then `floor =
     max(|mean dd|, half-width of its two-level bootstrap CI)` per k and split (the
     unpaired floor's definition with the paired difference in place of one policy)."""

@@ -37,12 +37,12 @@ NULL = "null"
 AA = "aa"
 #: Control arms (not method names): the null control and the A/A arm.
 CONTROLS = (NULL, AA)
-#: `compare.primary.split` values: held-out mazes and training mazes.
+#: `compare.primary.split` values: held-out prompts and training prompts.
 SPLITS = ("eval", "train")
 #: Fingerprint fields a resumed run may change (how long and how often, never what).
 RESUMABLE = trainer_lib.RESUMABLE + sft_lib.RESUMABLE + ("eval.every", "eval.batch_size",
                                                          "compare", "regime")
-#: Per-split fold of the evaluation key (held-out and training mazes get independent keys).
+#: Per-split fold of the evaluation key (held-out and training prompts get independent keys).
 SPLIT_FOLD = {"eval": 0, "train": 1}
 ALLOC_RECORDS = "alloc.jsonl"
 #: `eval.paired_noise`: also score each run's final policy with the noise key set
@@ -163,7 +163,7 @@ def eval_steps(cfg: ml_collections.ConfigDict) -> list[int]:
 def eval_key(seed: int, step: int, split: str) -> jax.Array:
     """The key of evaluation point `step` on `split`: a function of (seed, step, split) only,
     so every policy scored at a point (every method, seed and the SFT start) sees the same
-    random numbers (sample r of maze q uses `fold_in(key, q·n + r)`, `rl.evaluate`)."""
+    random numbers (sample r of prompt q uses `fold_in(key, q·n + r)`, `rl.evaluate`)."""
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(int(seed)), int(step)),
                               SPLIT_FOLD[split])
 

@@ -1,4 +1,4 @@
-"""Maze study stages: SFT (train, then score at every evaluation point) and one RL run of a
+"""Stages: the start (made by its kind, then scored at every evaluation point) and one RL run of a
 method (or the null control) and seed on the one loop, with its allocation records."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def stage_sft(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[s
         out = {"curve": curve, "final": final,
                "pass1_distribution": pass1_distribution(final["num_correct"],
                                                         final["num_samples"])}
-        logging.info("SFT model: pass@1 distribution over held-out mazes %s",
+        logging.info("start: pass@1 distribution over held-out prompts %s",
                      out["pass1_distribution"])
         return out
 
@@ -64,7 +64,7 @@ def stage_sft(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[s
                                                    "num_prompts", "train_prompts",
                                                    "temperature", "seed"))}
     out = common.cached_json(os.path.join(sft_dir, "eval.json"), fingerprint, compute)
-    # The maze-blind control beside the start (sft/validity.json; the RL stages' gate).
+    # The blind control beside the start (sft/validity.json; the RL stages' gate).
     validity = sft_validity(cfg, sft_dir, out["final"], sft_step)
     logging.info("%s", validity_line(validity))
     return out

@@ -51,7 +51,7 @@ def comparison_markdown(table: dict[str, Any]) -> str:
     lines = [head, "|" + "---|" * (len(ks) + 4)]
     if table.get("exploratory"):
         lines = [exploratory_banner(), "", *lines]
-    lines.append(f"| {w.start_long} (step-{n_steps} keys) | – | " + " | ".join(
+    lines.append(f"| {w.start_row.format(step=n_steps)} | – | " + " | ".join(
         _pct(table["sft"]["pass_at_k"][k]) for k in ks) + " | 0 | 0 |")
     lines.append(blind_row(table, ks, f"| blind ({w.blind} guesser, exact) | – | ",
                            " | – | – |"))

@@ -148,7 +148,7 @@ def validity_record(cfg: ml_collections.ConfigDict, sft_dir: str) -> dict[str, A
 
 def require_readable(cfg: ml_collections.ConfigDict, sft_dir: str, what: str
                      ) -> dict[str, Any]:
-    """Refuse `what` (a stage) on a start that does not clearly read the maze (one
+    """Refuse `what` (a stage) on a start that does not clearly read its prompts (one
     StudyError naming the numbers and the override), unless `compare.allow_blind_task`;
     returns `validity_record`."""
     rec = validity_record(cfg, sft_dir)

@@ -27,6 +27,7 @@ class Words:
     prompts: str  # plural
     start: str  # the start's row label: "SFT", "start"
     start_long: str  # "SFT start", "pretrained start"
+    start_row: str  # the tables' start row, formatted with `step`: "SFT (start, step-{step} keys)"
     blind: str  # the blind guesser's adjective: "maze-blind", "answer-blind"
     blind_policy: str  # what the blind guesser does, as a noun phrase
     blind_note: str  # the same, short, for the JSON note
@@ -43,6 +44,8 @@ class Kind:
     words: Words
     #: True when the start is trained here (SFT); False for a pretrained start.
     trains_start: bool = True
+    #: The binary that runs this kind's studies (named in error messages).
+    binary: str = "experiments.maze"
 
     def validate(self, cfg: ml_collections.ConfigDict) -> None:
         """The task, model and start blocks (StudyError naming the field)."""

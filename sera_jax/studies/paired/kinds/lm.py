@@ -26,10 +26,12 @@ import ml_collections
 import numpy as np
 
 from sera_jax import loop, validation
+from sera_jax import sharding as shd
 from sera_jax.models.configs import DTYPE_NAMES
 from sera_jax.models.decoder import Decoder
 from sera_jax.models.policy import MODEL_SOURCES, load_policy, load_policy_tokenizer
-from sera_jax.sampling import SamplingConfig
+from sera_jax.rl.evaluate import prompt_slots
+from sera_jax.sampling import SamplingConfig, generate_rows, left_pad
 from sera_jax.studies import common
 from sera_jax.studies.paired.kinds.base import Kind, Words, blind_pass_at_k, register
 from sera_jax.tasks.mathqa.data import FORMATS, PROMPT_TEMPLATES
@@ -41,6 +43,7 @@ from sera_jax.tasks.mathqa.task import SOURCES, MathTask, task_from_config
 MODEL_DEFAULTS = {"scan_layers": False}
 WORDS = Words(
     prompt="problem", prompts="problems", start="start", start_long="pretrained start",
+    start_row="start (step-{step} keys)",
     blind="answer-blind",
     blind_policy="a policy that ignores the problem and answers with each training "
                  "problem's answer at its frequency",
@@ -129,6 +132,45 @@ def eval_sampling(cfg: ml_collections.ConfigDict, task: MathTask) -> SamplingCon
         cache_dtype=e.get("kv_cache_dtype", "") or None)
 
 
+def sample_examples(model: Decoder, task: MathTask, cfg: ml_collections.ConfigDict,
+                    mesh: jax.sharding.Mesh | None, count: int = 3) -> list[dict[str, Any]]:
+    """What the policy writes: one decoded completion (with its reward) of each of the first
+    `count` held-out problems, at the evaluation sampler (`eval_sampling`) with the key
+    `eval.seed + 1`: {"id", "question", "gold", "completion", "reward", "truncated"}.
+
+    Laid out as a chunk of an evaluation of the first `eval.num_prompts` problems x
+    `eval.num_samples` samples (its width and prompt slots, the ids repeated to fill it), so
+    on one batch shard the evaluation's compiled sampler is reused; problem i is reported
+    from its first row."""
+    e = cfg.eval
+    num_prompts = min(int(e.num_prompts), task.split_size("eval"))
+    ids = list(range(min(int(count), num_prompts)))
+    if not ids:
+        return []
+    batch = shd.round_up_to_shards(int(e.batch_size), mesh)
+    width = shd.round_up_to_shards(min(batch, num_prompts * int(e.num_samples)), mesh)
+    n = max(1, min(int(e.num_samples), width // len(ids)))
+    slots = -(-width // n)  # distinct prompts of an evaluation chunk of `width` rows
+    toks, mask = left_pad(task.prompt_tokens("eval", [ids[j % len(ids)] for j in range(slots)]),
+                          task.max_prompt_len, task.pad_id)
+    row_prompt = np.arange(width) // n
+    key = jax.random.key(int(e.seed) + 1)
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jax.numpy.arange(width,
+                                                                         dtype=jax.numpy.uint32))
+    out = generate_rows(model, toks, mask, row_prompt, keys, eval_sampling(cfg, task),
+                        rows_per_call=width, mesh=mesh,
+                        prompt_slots=max(slots, prompt_slots(num_prompts, width, n)))
+    first = np.arange(len(ids)) * n  # the first row of each id
+    tokens, lengths, truncated = out.tokens[first], out.lengths[first], out.truncated[first]
+    comps = [tokens[i, : lengths[i]] for i in range(len(ids))]
+    rewards = task.score("eval", ids, comps, truncated)
+    problems = task.problems("eval")
+    return [{"id": q, "question": problems[q].question, "gold": problems[q].answer,
+             "completion": task.tokenizer.decode(c, skip_special_tokens=True),
+             "reward": float(r), "truncated": bool(t)}
+            for q, c, r, t in zip(ids, comps, rewards, truncated)]
+
+
 def answer_key(answer: str) -> str:
     """The answer's identity for the blind guesser: its text without spaces and commas
     ("1,200" and "1200" are one answer)."""
@@ -161,6 +203,7 @@ class MathKind(Kind):
     name = "math"
     words = WORDS
     trains_start = False
+    binary = "experiments.math_rl"
 
     def validate(self, cfg: ml_collections.ConfigDict) -> None:
         c, m = common.check, cfg.model

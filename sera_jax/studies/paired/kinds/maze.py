@@ -46,7 +46,8 @@ MODEL_DEFAULTS = {"dtype": "float32", "scan_layers": False}
 #: config that names it and one written before it share fingerprints.
 TASK_DEFAULTS = {"generator": "prim"}
 WORDS = Words(
-    prompt="maze", prompts="mazes", start="SFT", start_long="SFT start", blind="maze-blind",
+    prompt="maze", prompts="mazes", start="SFT", start_long="SFT start",
+    start_row="SFT (start, step-{step} keys)", blind="maze-blind",
     blind_policy="a policy that ignores the maze and emits each SFT answer at its SFT "
                  "frequency",
     blind_note="each SFT answer at its SFT frequency, whatever the maze",
@@ -219,4 +220,4 @@ class MazeKind(Kind):
 
     def held_out_phrase(self, report: dict[str, Any]) -> str:
         n = report.get("num_prompts", report.get("num_mazes"))
-        return f"{n} held-out {report['size']}x{report['size']} mazes"
+        return f"{n} held-out {report['size']}x{report['size']} {self.words.prompts}"

@@ -103,10 +103,9 @@ def tiny_lm_study(tmp_path_factory):
     from sera_jax.models.decoder import Decoder, DecoderConfig
     from sera_jax.models.weights import save_hf_checkpoint
     from sera_jax.studies.paired import study
-    from tests.studies.test_math_reasoning import write_byte_tokenizer
 
     policy = str(tmp_path_factory.mktemp("tiny_lm"))
-    vocab = write_byte_tokenizer(policy)
+    vocab = util.write_byte_tokenizer(policy)
     save_hf_checkpoint(Decoder(DecoderConfig(vocab_size=vocab, hidden_size=32,
                                              intermediate_size=64, num_layers=2, num_heads=2,
                                              num_kv_heads=1, qkv_bias=True, name="tiny"),
