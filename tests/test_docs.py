@@ -296,3 +296,62 @@ def test_a_broken_reference_is_reported(text, check, expected):
 ])
 def test_a_sound_reference_passes(text, check):
     assert check(text) == []
+
+
+# ----------------------------------------------------------------------------- the binaries
+
+BINARIES = sorted(os.path.basename(p)[:-3]
+                  for p in glob.glob(os.path.join(ROOT, "experiments", "*.py"))
+                  if not p.endswith("__init__.py"))
+_FLAG = re.compile(r"(?<![\w.])--([a-z_]+)(?=[=\s]|$)")
+
+
+def binary_commands(name: str) -> list[str]:
+    """The `python -m experiments.<name>` commands of a binary's docstring (continuations
+    joined)."""
+    doc = ast.get_docstring(ast.parse(_read(f"experiments/{name}.py"))) or ""
+    lines, buf = [], ""
+    for raw in doc.splitlines():
+        buf += raw.strip().rstrip("\\") + " "
+        if raw.rstrip().endswith("\\"):
+            continue
+        if buf.lstrip().startswith("python -m experiments."):
+            lines.append(buf.strip())
+        buf = ""
+    return lines
+
+
+def bad_flags(command: str) -> list[str]:
+    """`--flags` of a binary command that its module does not define (nor `--config*` /
+    `--workdir`, which `common.binary` defines), and `--stage=` values not among the
+    study's stages."""
+    name = _BINARY.search(command).group(1)
+    source = _read(f"experiments/{name}.py")
+    defined = set(re.findall(r"flags\.DEFINE_\w+\(\s*\"(\w+)\"", source)) | {"config", "workdir"}
+    bad = [f"--{f}" for f in _FLAG.findall(command.split("#")[0]) if f not in defined]
+    stage = re.search(r"--stage=(\w+)", command)
+    if stage and "study.STAGES" in source:
+        from sera_jax.studies.paired.spec import STAGES
+
+        if stage.group(1) not in STAGES:
+            bad.append(f"--stage={stage.group(1)}")
+    return bad
+
+
+@pytest.mark.parametrize("name", BINARIES)
+def test_every_command_in_a_binary_docstring_is_real(name):
+    """Each command a binary's docstring shows names real flags and stages, config files that
+    load and overrides of real fields (`tests/studies/paired/test_cli.py` runs the maze
+    smoke commands; the others are sized for a study, not a test)."""
+    commands = binary_commands(name)
+    assert commands, f"experiments/{name}.py shows no command"
+    for command in commands:
+        assert bad_flags(command) == [], command
+        assert bad_overrides(command) == [], command
+        assert missing_paths(command) == [], command
+
+
+def test_a_wrong_flag_in_a_binary_command_is_reported():
+    assert bad_flags("python -m experiments.maze --config=configs/maze/tiny.py --stepz=3 "
+                     "--stage=compile") == ["--stepz", "--stage=compile"]
+    assert bad_flags("python -m experiments.maze --stage=rl --seeds=0") == []

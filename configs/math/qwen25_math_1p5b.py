@@ -90,6 +90,7 @@ def get_config() -> ml_collections.ConfigDict:
     # mean over the last 4 points (steps 450-600).
     c.compare.primary = ml_collections.ConfigDict(dict(method="sera", split="eval", k=16,
                                                        window=4))
+    c.compare.allow_blind_task = False  # the validity gate holds (cpu.py overrides it)
     c.compare.exploratory = True  # pre-register (--stage=preregister, committed) to count
 
     c.eval.num_samples = 256  # start and final policies

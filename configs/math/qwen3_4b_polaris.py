@@ -86,6 +86,7 @@ def get_config() -> ml_collections.ConfigDict:
     # mean over the last 3 points (steps 800-1000).
     c.compare.primary = ml_collections.ConfigDict(dict(method="sera", split="eval", k=16,
                                                        window=3))
+    c.compare.allow_blind_task = False  # the validity gate holds (cpu.py overrides it)
     c.compare.exploratory = True  # pre-register (--stage=preregister, committed) to count
 
     c.eval.num_samples = 256  # start and final policies

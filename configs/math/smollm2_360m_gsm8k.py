@@ -95,6 +95,7 @@ def get_config() -> ml_collections.ConfigDict:
     # mean over the last 5 points (steps 1600-2000).
     c.compare.primary = ml_collections.ConfigDict(dict(method="sera", split="eval", k=16,
                                                        window=5))
+    c.compare.allow_blind_task = False  # the validity gate holds (cpu.py overrides it)
     c.compare.exploratory = True  # pre-register (--stage=preregister, committed) to count
 
     c.eval.num_samples = 256  # the spec's evaluation (start and final policies)

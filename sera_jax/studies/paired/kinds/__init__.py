@@ -13,8 +13,8 @@ A *kind* supplies what differs between tasks:
 * `words`: the nouns the reports use (`Words`), so no protocol module rewrites text.
 
 Adding a kind is one module: subclass `Kind`, decorate it with `@register`, import it below
-(tests/studies/paired/kinds/test_kinds.py registers a toy kind in a test). A config names its kind in
-`config.kind`; configs written before that field are resolved by `kind_name`.
+(tests/studies/paired/kinds/test_kinds.py registers a toy kind in a test). A config names its
+kind in `config.kind`; configs written before that field are resolved by `kind_name`.
 """
 
 from __future__ import annotations

@@ -69,6 +69,8 @@ def test_config_resolves_at_full_size_and_keeps_its_settings(name, no_loading):
     cfg = load(name)
     assert cfg.kind == "math" and cfg.compare.baseline in cfg.compare.methods
     assert [(f, _get(cfg, f)) for f, _ in SETTINGS[name]] == SETTINGS[name]
+    # Only the CPU smoke config overrides the validity gate (its start ties the guesser).
+    assert cfg.compare.allow_blind_task is (name == "cpu")
     # The user gives the checkpoint and data paths; refused by name before anything loads.
     if name in PAPER:
         with pytest.raises(common.StudyError, match=r"config\.model\.path"):
