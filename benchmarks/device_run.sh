@@ -90,3 +90,11 @@ run maze_summary 60 "$PY" benchmarks/device_maze_summary.py --config="$maze_cfg"
   --workdir="$maze_wd" --out="$OUT/maze.json"
 [ -f "$maze_wd/results/comparison.md" ] && cp "$maze_wd/results/comparison.md" "$OUT/maze.md"
 say "done; files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
+# The files brought back name no machine's folders (they may be committed under results/):
+# the folders printed become the variables above, the checkout's paths repository-relative.
+for f in "$log" "$OUT/maze.md"; do
+  if [ -f "$f" ]; then
+    sed -i -e "s#$OUT#\$OUT#g" -e "s#$maze_wd#\$MAZE_WORKDIR#g" -e "s#$site#\$DEVICE_SITE#g" \
+      -e "s#$root/##g" "$f"
+  fi
+done

@@ -1,7 +1,7 @@
 r"""Math pilot: the start policy on candidate task mixes at the RL sampler, scored with the
 paired study's evaluation (the recipe is `sera_jax.studies.math_pilot`).
 
-    python -m experiments.math_pilot --config=configs/math/cpu.py --workdir=/tmp/math_pilot \
+    python -m experiments.math_pilot --config=configs/math/cpu.py --workdir=runs/math_pilot \
         --candidates=plain32,number24_s1 --config.eval.num_prompts=32 --config.eval.num_samples=8
 """
 from absl import flags

@@ -24,6 +24,17 @@ and is computed where the arrays live: under `jit` on accelerators (global array
 multi-host job included), with NumPy for host / CPU arrays (same integer arithmetic, same
 result; about 10 ms per 100 MB, a few percent of a save). The meta dict carries a SHA-256
 of itself. Checkpoints written before checksums existed restore unverified, with a warning.
+
+A failed read leaves Orbax's other reads of that step in flight on TensorStore's threads;
+they finish after Orbax has closed the event loop that awaited them, and each printed a raw
+traceback at exit, after the one-line `CheckpointError`: "Exception ignored ...
+RuntimeError: Event loop is closed", asyncio's "Task exception was never retrieved" (the
+other reads' own errors, "Task" or "Future") and "coroutine ... was never awaited" --
+sometimes before the error itself was raised. The first `Checkpointer` therefore installs
+`quiet_orphaned_io` (once per process): exactly these leftovers are counted and logged at
+debug level, never printed; every other unraisable exception and asyncio error is reported as
+before. (The one wider effect: a process that made a Checkpointer does not print Python's
+"coroutine ... was never awaited" warning; this project awaits no coroutine of its own.)
 """
 
 from __future__ import annotations
@@ -33,6 +44,8 @@ import hashlib
 import json
 import logging
 import os
+import sys
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,6 +66,59 @@ _log = logging.getLogger(__name__)
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be restored onto the requested target."""
+
+
+def _orphaned_io(unraisable: Any) -> bool:
+    """Whether an unraisable exception is a leftover of an Orbax read or write that failed:
+    a callback scheduled on the closed event loop, or a coroutine nobody awaits any more."""
+    exc, obj = unraisable.exc_value, unraisable.object
+    if isinstance(exc, RuntimeError) and "Event loop is closed" in str(exc):
+        return True
+    return type(obj).__name__ == "coroutine" or "coroutine" in str(unraisable.err_msg or "")
+
+
+_previous_unraisablehook = None
+_orphans_dropped = 0
+
+
+class _OrphanedTasks(logging.Filter):
+    """Drops asyncio's "Task / Future exception was never retrieved" for Orbax's tasks and
+    TensorStore's reads."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        global _orphans_dropped
+        text = str(record.msg)
+        error = record.exc_info[1] if record.exc_info else None
+        if "exception was never retrieved" in text and (
+                "orbax" in text or "tensorstore" in f"{text} {error}"):
+            _orphans_dropped += 1
+            return False
+        return True
+
+
+def quiet_orphaned_io() -> None:
+    """Install (once) what drops the leftovers of a failed Orbax read or write (module
+    docstring): an unraisable-exception hook (`_orphaned_io`; everything else is passed on),
+    a filter on asyncio's logger for Orbax's never-retrieved task errors, and a warnings
+    filter for Orbax's never-awaited coroutines."""
+    global _previous_unraisablehook
+    if _previous_unraisablehook is not None:
+        return
+    _previous_unraisablehook = sys.unraisablehook
+    logging.getLogger("asyncio").addFilter(_OrphanedTasks())
+    warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited",
+                            category=RuntimeWarning)
+
+    def hook(unraisable: Any) -> None:
+        global _orphans_dropped
+        if _orphaned_io(unraisable):
+            _orphans_dropped += 1
+            _log.debug("dropped a leftover of a failed checkpoint read / write (%d so far): "
+                       "%s", _orphans_dropped, unraisable.exc_value)
+            return
+        _previous_unraisablehook(unraisable)
+
+    sys.unraisablehook = hook
 
 
 def tree_signature(tree: Any) -> dict[str, list]:
@@ -268,6 +334,7 @@ class Checkpointer:
                  async_save: bool = False):
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep={max_to_keep}; must be >= 1")
+        quiet_orphaned_io()  # a failed read's leftovers may finish before its error is raised
         self.directory = os.path.abspath(os.fspath(directory))
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save
@@ -325,6 +392,7 @@ class Checkpointer:
             raise self._write_failed(int(step), what, e) from e
 
     def _write_failed(self, step: int, what: str, cause: BaseException) -> CheckpointError:
+        quiet_orphaned_io()  # the failed write's other tasks may still finish later
         try:
             kept = self.all_steps()
         except Exception:  # noqa: BLE001 -- only for the message
@@ -344,6 +412,7 @@ class Checkpointer:
             self._manager.wait_until_finished()
         except Exception as e:  # noqa: BLE001 -- Orbax / TensorStore raise many types
             what = _write_error(e) or f"{type(e).__name__}: {str(e)[:500]}"
+            quiet_orphaned_io()
             raise CheckpointError(
                 f"an asynchronous checkpoint write to {self.directory} failed: {what}; that "
                 "step was not committed and the previous checkpoints are intact. Fix: free "
@@ -362,6 +431,7 @@ class Checkpointer:
                f"workdir.")
         if cause is not None:
             msg += f" Cause: {type(cause).__name__}: {str(cause)[:500]}"
+            quiet_orphaned_io()  # the failed read's other reads may still finish later
         return CheckpointError(msg)
 
     def restore_meta(self, step: int | None = None) -> dict[str, Any]:

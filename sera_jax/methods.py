@@ -11,10 +11,19 @@ its methods from `METHODS`, so "sera" means the same thing in every table:
 | `sera_no_multiplicity` | sera (dynamic) | 1 on active prompts (ablation) | MaxRL |
 | `sera_paper_rounding` | sera (dynamic, the published rounding) | N0/N_q | MaxRL |
 | `inverse_p`, `knapsack`, `hit_utility` | the peer allocators | N0/N_q | MaxRL |
+| `vip` | VIP: min Σ p̂(1−p̂)/(N−1), exact integers (`peers_2026`) | N0/N_q | MaxRL |
+| `gdro` | Rollout-GDRO: pass-rate bins, shadow price, √-rule; stateful | N0/N_q | MaxRL |
+| `pilot_commit` | Pilot-Commit: in-step pilot, commit to mixed ones; two-stage | N0/N_q | MaxRL |
 | `grpo` | uniform | 1 | GRPO |
 | `sera_posterior`, `sera_sequential` | [ours] `sera_jax.allocation.beyond` | N0/N_q | MaxRL |
 | `dapo`, `sera_dapo` | uniform / sera, then DAPO dynamic sampling | N0/N_q | MaxRL |
 | `sera_evidence` | [ours] sera, minus prompts at the evidence cap (`evidence`) | N0/N_q | MaxRL |
+
+Two kinds of methods need more than p̂ from their caller: a *two-stage* one
+(`Method.two_stage`: `sera_sequential`, `pilot_commit`) allocates after an in-step pilot, and
+a *stateful* one (`Method.stateful`: `gdro`) carries its allocator's state from one step to
+the next (`Method.init_state`, `allocate(state=...)`, `Allocation.state`). The allocation lab
+runs both; the LM trainer refuses both (`sera_jax.rl.config.check_trainable`).
 
 `resolve(name, overrides)` applies a user's overrides on top of a preset: each one either
 takes effect or raises ValueError (an option the chosen allocator does not use, an unknown
@@ -65,6 +74,11 @@ class Method:
 
     def __post_init__(self):
         allocation_lib.check_options(self.allocator, self.options)
+        if self.dynamic_sampling and (self.allocator in beyond.TWO_STAGE
+                                      or self.allocator in allocation_lib.ALLOCATOR_STATE):
+            raise ValueError(f"method {self.name!r}: dynamic sampling draws several rounds "
+                             "per step, so it takes a one-shot, stateless allocator; "
+                             f"{self.allocator!r} is two-stage or stateful")
         if self.estimator not in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"method {self.name!r}: estimator={self.estimator!r}; valid: "
                              f"{sorted(ADVANTAGE_ESTIMATORS)}")
@@ -76,6 +90,18 @@ class Method:
         caller draws a pilot first (the allocation lab, the alignment study's measure mode),
         not by the LM trainer."""
         return self.allocator in beyond.TWO_STAGE
+
+    @property
+    def stateful(self) -> bool:
+        """The allocator carries a state from one step to the next (`init_state`,
+        `allocate(state=...)`, `Allocation.state`): usable where the caller carries it (the
+        allocation lab), not by the LM trainer."""
+        return self.allocator in allocation_lib.ALLOCATOR_STATE
+
+    def init_state(self) -> Any:
+        """The allocator's fresh state for this method's options (a pytree of arrays), None
+        for a stateless allocator (`allocation.initial_state`)."""
+        return allocation_lib.initial_state(self.allocator, self.options)
 
     def pilot_size(self, n_min: int) -> int:
         """Pilot rollouts per prompt to draw before `allocate` (0 for a one-shot allocator):
@@ -90,19 +116,21 @@ class Method:
 
     def allocate(self, p: Any, budget: int, *, n_min: int, n_max: int, unseen: str = "fill",
                  shift: int | None = None, pilot_successes: Any = None, alpha: Any = None,
-                 beta: Any = None) -> allocation_lib.Allocation:
+                 beta: Any = None, state: Any = None) -> allocation_lib.Allocation:
         """`ALLOCATORS[allocator](p, budget, ..., **options, **inputs)`; shift defaults to the
         estimator's.
 
         The per-call inputs are passed only when given: `pilot_successes` (int[P], the
         successes of the `pilot_size(n_min)` pilot rollouts of each prompt; required by a
-        two-stage allocator, whose call without it raises) and a Beta posterior `alpha`,
-        `beta` (float[P]) for the allocators that take one. An input the allocator does not
+        two-stage allocator, whose call without it raises), a Beta posterior `alpha`,
+        `beta` (float[P]) for the allocators that take one, and a stateful allocator's
+        `state` (the previous step's `Allocation.state`; None: `init_state()`, a fresh
+        start; the next state is the result's `.state`). An input the allocator does not
         use raises ValueError (`allocation.check_options`). Traceable (the lab calls it under
         jit + vmap).
         """
         inputs = {k: v for k, v in (("pilot_successes", pilot_successes), ("alpha", alpha),
-                                    ("beta", beta)) if v is not None}
+                                    ("beta", beta), ("state", state)) if v is not None}
         fn = allocation_lib.get_allocator(self.allocator)
         return fn(p, budget, n_min=n_min, n_max=n_max, unseen=unseen,
                   shift=self.kappa_shift if shift is None else shift, **self.options, **inputs)
@@ -157,6 +185,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     _m("inverse_p", "inverse-p", "inverse_p"),
     _m("knapsack", "knapsack", "knapsack"),
     _m("hit_utility", "hit-utility", "hit_utility"),
+    # The 2026 peers (sera_jax.allocation.peers_2026): VIP, Rollout-GDRO, Pilot-Commit.
+    _m("vip", "VIP", "vip"),
+    _m("gdro", "Rollout-GDRO", "gdro"),
+    _m("pilot_commit", "Pilot-Commit", "pilot_commit", pilot=2),
     _m("grpo", "GRPO", "uniform", estimator="grpo"),
     # Beyond the paper (sera_jax.allocation.beyond; measured in docs/results_lab.md).
     _m("sera_posterior", "SERA posterior-aware", "posterior"),

@@ -29,6 +29,8 @@ class RolloutPlan(NamedTuple):
     prompt_weights: jax.Array  # float32 [P], w_q (N0/N_q, or 1{N_q > 0}); 0 inactive
     segment_ids: jax.Array  # int32 [B], prompt of row r (rows of a prompt contiguous)
     ranks: jax.Array  # int32 [B], r's index within its prompt's rows (0..N_q − 1)
+    # A stateful allocator's next state (`Allocation.state`, `Method.stateful`); else None.
+    state: Any = None
 
 
 def plan_from_counts(counts: Any, prompt_weights: Any, budget: int) -> RolloutPlan:
@@ -42,15 +44,17 @@ def plan_from_counts(counts: Any, prompt_weights: Any, budget: int) -> RolloutPl
 
 def plan_rollouts(method: Any, p_hat: Any, budget: int, *, n_min: int, n_max: int,
                   unseen: str = "fill", shift: int | None = None, pilot_successes: Any = None,
-                  alpha: Any = None, beta: Any = None) -> RolloutPlan:
+                  alpha: Any = None, beta: Any = None, state: Any = None) -> RolloutPlan:
     """`method`'s allocation of `budget` rollouts over the P prompts of `p_hat` (NaN = unseen)
-    as a plan: `Method.allocate` (extra inputs passed through), then
-    w_q = `Method.prompt_weights` (N0/N_q, or 1{N_q > 0} without the multiplicity
-    correction), then `plan_from_counts`."""
+    as a plan: `Method.allocate` (extra inputs passed through; `state`: a stateful
+    allocator's, whose next state is the plan's `state`), then w_q = `Method.prompt_weights`
+    (N0/N_q, or 1{N_q > 0} without the multiplicity correction), then `plan_from_counts`."""
     alloc = method.allocate(p_hat, budget, n_min=n_min, n_max=n_max, unseen=unseen, shift=shift,
-                            pilot_successes=pilot_successes, alpha=alpha, beta=beta)
-    return plan_from_counts(alloc.counts, method.prompt_weights(alloc.counts, alloc.weights),
+                            pilot_successes=pilot_successes, alpha=alpha, beta=beta,
+                            state=state)
+    plan = plan_from_counts(alloc.counts, method.prompt_weights(alloc.counts, alloc.weights),
                             budget)
+    return plan if alloc.state is None else plan._replace(state=alloc.state)
 
 
 def rollout_coefficients(rewards: Any, plan: RolloutPlan, estimator: str

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from sera_jax import allocation, methods
+from sera_jax.allocation import beyond
 
 P = np.array([1e-4, 0.02, 0.3, 0.9, 0.999, 0.5, 0.05, 0.7])
 
@@ -59,7 +60,8 @@ def test_an_override_that_cannot_apply_fails_loudly(name, overrides, match):
 
 def test_every_allocator_has_one_signature_and_refuses_unused_options():
     for name, fn in allocation.ALLOCATORS.items():
-        options = {"pilot_successes": np.ones(P.size, np.int32)} if name == "sequential" else {}
+        options = ({"pilot_successes": np.ones(P.size, np.int32)} if name in beyond.TWO_STAGE
+                   else {})
         try:
             a = fn(P, 64, n_min=2, n_max=32, shift=1, unseen="fill", **options)
         except TypeError as e:  # pragma: no cover - the failure this test exists for

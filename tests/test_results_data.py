@@ -80,6 +80,52 @@ def test_numbers_are_read_as_printed():
         "17", "17", "410", "1e-4", "2,048", "0.93", "0.98", "+2.6", "+4.0", "-1.03", "1"]
 
 
+# ----------------------------------------------------------------------------- machine paths
+
+#: Absolute folders of the machines that made results (workdirs, checkouts, device outputs).
+#: (A mention of the pattern itself, `/tmp/...` or `/home/`, names no folder.)
+MACHINE_PATH = re.compile(r"(?<![\w.~$])/(?:work|tmp|root|home)/[\w-]")
+
+
+def committed_texts(*folders: str) -> dict[str, str]:
+    """{path: text} of every committed file under `folders`: text files as they are, gzip'd
+    ones decompressed, the member names of .npz archives; other binaries (figures) skipped."""
+    import subprocess
+    import zipfile
+
+    names = subprocess.run(["git", "-C", ROOT, "ls-files", *folders], capture_output=True,
+                           text=True, check=True).stdout.split()
+    out = {}
+    for name in names:
+        path = os.path.join(ROOT, name)
+        if not os.path.isfile(path):
+            continue
+        if name.endswith(".npz"):
+            with zipfile.ZipFile(path) as z:
+                out[name] = "\n".join(z.namelist())
+            continue
+        raw = gzip.open(path, "rb").read() if name.endswith(".gz") else open(path, "rb").read()
+        if b"\0" not in raw:
+            out[name] = raw.decode("utf-8", errors="replace")
+    return out
+
+
+def test_no_committed_result_or_doc_names_a_machines_folder():
+    """No file under results/ or docs/ holds an absolute path of the machine that made it
+    (`/work/...`, `/tmp/...`, `/root/...`, `/home/...`): exports write paths relative to the
+    repository or the workdir, the device command writes `$OUT` / `$MAZE_WORKDIR`, and the
+    documented commands use workdirs under the repository's ignored `runs/`."""
+    texts = committed_texts("results", "docs")
+    assert len(texts) > 50 and "results/maze/maze_cpu_read/comparison.json" in texts
+    found = [f"{name}:{text.count(chr(10), 0, m.start()) + 1}: "
+             f"{text[m.start():m.start() + 60].splitlines()[0]}"
+             for name, text in texts.items() for m in MACHINE_PATH.finditer(text)]
+    assert not found, "\n".join(found[:20])
+    assert MACHINE_PATH.search('"path": "/work/runs/x/sft/validity.json"')  # the check bites
+    assert not MACHINE_PATH.search("--workdir=runs/x, $OUT/maze.json, ../runs/w, ~/tmp/x, "
+                                   "`/tmp/...`")
+
+
 # ----------------------------------------------------------------------------- the data
 
 

@@ -17,6 +17,9 @@ METHODS = ("uniform", "sera", "sera_equalized", "sera_no_multiplicity", "sera_pa
            "inverse_p", "knapsack", "hit_utility", "grpo")
 NEW_RULES = ("sera_posterior", "sera_sequential")  # beyond the paper (sera_jax.allocation.beyond)
 EVIDENCE = ("sera_evidence",)  # SERA with an evidence cap (sera_jax.allocation.evidence)
+# The 2026 peers (sera_jax.allocation.peers_2026): VIP, Rollout-GDRO (stateful: its controller
+# rides in the lab's carry), Pilot-Commit (two-stage: the lab draws its pilot).
+PEERS_2026 = ("vip", "gdro", "pilot_commit")
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -74,7 +77,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.ks = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
     c.compare = ml_collections.ConfigDict()
-    c.compare.methods = METHODS + NEW_RULES + EVIDENCE  # names of sera_jax.methods.METHODS
+    c.compare.methods = METHODS + NEW_RULES + EVIDENCE + PEERS_2026  # sera_jax.methods.METHODS
     c.compare.seeds = tuple(range(64))
     c.compare.baseline = "uniform"  # paired differences are method − baseline, seed by seed
     # The null arm (uniform, rewards shuffled within each batch) and the A/A arm (uniform on

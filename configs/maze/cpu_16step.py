@@ -79,6 +79,18 @@ def get_config() -> ml_collections.ConfigDict:
     c.compare.baseline = "uniform"  # paired differences are method − baseline, seed by seed
     c.compare.null = True  # the null control: uniform with rewards shuffled within a batch
     c.compare.null_seeds = ()  # () = compare.seeds
+    c.compare.aa = False  # the A/A control (uniform again, RL seed + aa_seed_offset)
+    c.compare.aa_seeds = ()
+    c.compare.aa_seed_offset = 1000
+    # No primary endpoint: an exploration (set one, as configs/maze/cpu.py does, to
+    # pre-register); the gate's margin is read with a primary only.
+    c.compare.primary = None
+    c.compare.gate_floor_multiple = 2.0
+    # The validity gate (configs/maze/cpu.py explains it), at its defaults.
+    c.compare.allow_blind_task = False
+    c.compare.validity_pass1_ratio = 2.0
+    c.compare.validity_blind_share = 0.5
+    c.compare.validity_k = 0  # 0 = compare.primary.k, else min(64, eval.num_samples)
     c.compare.bootstrap = 2000  # resamples of the paired bootstrap over mazes and seeds
     c.compare.level = 0.95
     c.compare.bootstrap_seed = 0

@@ -78,7 +78,15 @@ def get_config() -> ml_collections.ConfigDict:
     c.compare.null = True
     c.compare.null_seeds = (0,)
     c.compare.aa = False
+    # Unset (None: not hashed into the pre-registration): there is no A/A arm here.
+    c.compare.aa_seeds = ml_collections.FieldReference(None, field_type=tuple)
+    c.compare.aa_seed_offset = ml_collections.FieldReference(None, field_type=int)
     c.compare.gate_floor_multiple = 2.0
+    # The validity gate (configs/maze/cpu.py explains it), at its defaults.
+    c.compare.allow_blind_task = False
+    c.compare.validity_pass1_ratio = 2.0
+    c.compare.validity_blind_share = 0.5
+    c.compare.validity_k = 0  # 0 = compare.primary.k
     c.compare.primary = ml_collections.ConfigDict(dict(method="sera", split="eval", k=64,
                                                        window=2))
     c.compare.bootstrap = 2000

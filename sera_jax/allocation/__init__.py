@@ -61,9 +61,12 @@ Layout, one layer per module (each imports only the ones above it):
   dynamic active set; ``_peers``: the greedy on marginal gains of Knapsack-RL and HORA.
 * ``_engine``: the jitted ``_core`` shared by every allocator and the validation in front
   of it (``_prepare``, ``_run``); it defines the :class:`Allocation` pytree.
-* ``api``: the public functions and the registry (``register``), re-exported here;
+* ``api``: the public functions and the registry (``register``; ``register(...,
+  init_state=...)`` for an allocator with state across calls), re-exported here;
   ``beyond``: the allocators beyond the paper (``posterior``, ``sequential``) and
-  ``evidence`` (``sera_evidence``: SERA with a cap on failure evidence), registered there too.
+  ``evidence`` (``sera_evidence``: SERA with a cap on failure evidence), registered there too;
+  ``peers_2026``: the 2026 peers ``vip``, ``gdro`` (stateful: a shadow-price controller)
+  and ``pilot_commit`` (two-stage).
 
 Compile size: every call site of a traced function is compiled on its own, and the allocator
 is compiled into every program that allocates (the trainer's step, the lab's runner, the
@@ -75,8 +78,9 @@ time down 35-40 % in two back-to-back runs, with bit-identical counts (384 cases
 float64; ``git show 508ae7b``).
 """
 
-# The public API and its one `__all__` live in api.py; importing `beyond` registers its
-# allocators ("posterior", "sequential") in the same registry.
-from sera_jax.allocation import beyond  # noqa: F401
+# The public API and its one `__all__` live in api.py; importing `beyond` and `peers_2026`
+# registers their allocators ("posterior", "sequential"; "vip", "gdro", "pilot_commit") in the
+# same registry.
+from sera_jax.allocation import beyond, peers_2026  # noqa: F401
 from sera_jax.allocation.api import *  # noqa: F403
 from sera_jax.allocation.api import __all__  # noqa: F401

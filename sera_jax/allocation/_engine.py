@@ -18,7 +18,7 @@ import numpy as np
 from flax import struct
 from jax import Array, lax
 
-from sera_jax.allocation._peers import _greedy_units, _hit_key, _knapsack_key
+from sera_jax.allocation._peers import _greedy_units, _hit_key, _knapsack_key, _vip_key
 from sera_jax.allocation._select import _INT32_MAX, _reduce, _spread, _sum
 from sera_jax.allocation._waterline import (
     _A_MAX,
@@ -49,6 +49,9 @@ class Allocation:
       ``p`` (NaN if there are none).
     frac_at_n_min, frac_at_n_max: fraction of active prompts at each bound.
     num_active: number of active prompts.
+    state: a stateful allocator's state after this call (a pytree of arrays: feed it to the
+      next call; `api.initial_state`), None for every other allocator (no leaves: the
+      pytree of a stateless allocation is unchanged).
     """
 
     counts: Array
@@ -61,10 +64,14 @@ class Allocation:
     frac_at_n_min: Array
     frac_at_n_max: Array
     num_active: Array
+    state: Any = None
 
 
-def _seen_rule(rule, rounding, p, seen, budget, n_min, n_max, shift, threshold, alpha, beta):
-    """Counts for the seen prompts (those with a finite p) sharing ``budget``."""
+def _seen_rule(rule, rounding, p, seen, budget, n_min, n_max, shift, threshold, alpha, beta,
+               aux=None):
+    """Counts for the seen prompts (those with a finite p) sharing ``budget``. ``aux``: the
+    per-prompt inputs of a rule that computes them outside the core (``gdro``: its
+    proposal and need, `peers_2026.gdro`)."""
     p0 = jnp.where(seen, p, 0.5)
     a, w = _rates(p0, seen)
     nan = jnp.asarray(jnp.nan, p.dtype)
@@ -90,6 +97,13 @@ def _seen_rule(rule, rounding, p, seen, budget, n_min, n_max, shift, threshold, 
         al = jnp.where(seen, alpha, 1.0)
         be = jnp.where(seen, beta, 1.0)
         return _greedy_units(_hit_key(al, be), seen, budget, n_min, n_max), seen, nan
+    if rule == "vip":  # VIP: the exact integer minimiser of Σ p(1-p)/(N - s) (peers_2026)
+        return _greedy_units(_vip_key(p0, shift), seen, budget, n_min, n_max), seen, nan
+    if rule == "gdro":  # Rollout-GDRO: the controller's proposal made exact (peers_2026)
+        proposal, need = aux
+        counts = _round(jnp.where(seen, proposal, 0.0), seen, budget, n_min, n_max,
+                        lambda n: -need, lambda n: need)  # add to high need, take from low
+        return counts, seen, nan
     raise ValueError(f"unknown rule {rule!r}")
 
 
@@ -100,8 +114,8 @@ def _flush_subnormals(p: Array) -> Array:
 
 @functools.partial(jax.jit, static_argnames=("rule", "rounding", "shift", "unseen", "padded",
                                              "maybe_nan"))
-def _core(p, num, budget, n_min, n_max, threshold, alpha, beta, *, rule, rounding, shift,
-          unseen, padded=True, maybe_nan=True):
+def _core(p, num, budget, n_min, n_max, threshold, alpha, beta, aux=None, *, rule, rounding,
+          shift, unseen, padded=True, maybe_nan=True):
     # `padded` / `maybe_nan` False (known on the host) drop the masks and passes that only
     # padding or unseen prompts need: each pass costs ~20-50 us at 65,536 prompts on CPU.
     p = _flush_subnormals(p)
@@ -120,7 +134,7 @@ def _core(p, num, budget, n_min, n_max, threshold, alpha, beta, *, rule, roundin
     def fill():
         if hidden is None:
             return _seen_rule(rule, rounding, *args, budget, n_min, n_max, shift, threshold,
-                              alpha, beta)
+                              alpha, beta, aux)
         # Unseen prompts take their share U·B/P (rounded) split as evenly as possible, so
         # the seen ones keep S·q + (r - extra) in [S·n_min, S·n_max].
         n_seen = n_valid - n_hidden
@@ -129,7 +143,7 @@ def _core(p, num, budget, n_min, n_max, threshold, alpha, beta, *, rule, roundin
                          jnp.minimum(n_hidden, r))
         b_hidden = n_hidden * q + extra
         counts, act, t = _seen_rule(rule, rounding, *args, budget - b_hidden, n_min, n_max,
-                                    shift, threshold, alpha, beta)
+                                    shift, threshold, alpha, beta, aux)
         counts = counts + _spread(hidden, b_hidden)
         return counts, act | hidden, t
 
@@ -287,7 +301,7 @@ def _trim(tree, num):
 
 
 def _run(rule, p, budget, *, n_min, n_max, shift, unseen, rounding="leximin", threshold=0.05,
-         alpha=None, beta=None):
+         alpha=None, beta=None, aux=None):
     if unseen not in _UNSEEN:
         raise ValueError(f"unseen must be one of {_UNSEEN}, got {unseen!r}")
     p_pad, num, (n, b, lo, hi), maybe_nan = _prepare(
@@ -296,7 +310,9 @@ def _run(rule, p, budget, *, n_min, n_max, shift, unseen, rounding="leximin", th
     if alpha is not None:
         alpha = jnp.pad(jnp.asarray(alpha, p_pad.dtype), (0, size - num), constant_values=1.0)
         beta = jnp.pad(jnp.asarray(beta, p_pad.dtype), (0, size - num), constant_values=1.0)
-    out = _core(p_pad, n, b, lo, hi, np.asarray(threshold, p_pad.dtype), alpha, beta,
+    if aux is not None:
+        aux = tuple(jnp.pad(jnp.asarray(x, p_pad.dtype), (0, size - num)) for x in aux)
+    out = _core(p_pad, n, b, lo, hi, np.asarray(threshold, p_pad.dtype), alpha, beta, aux,
                 rule=rule, rounding=rounding, shift=shift,
                 unseen="fallback" if unseen == "fallback" else "fill",
                 padded=size > num, maybe_nan=maybe_nan)

@@ -1,8 +1,9 @@
 """Peers whose objective is a sum of concave per-prompt terms: greedy on marginal gains
 (layer 2 of ``sera_jax.allocation``, beside the waterline).
 
-Knapsack-RL and HORA reduce to "the ``B - Σ n_min`` units with the smallest keys", the same
-selection the leximin rounding makes, with a key per (prompt, N) instead of a level.
+Knapsack-RL, HORA and VIP (a separable convex variance, `peers_2026`) reduce to "the
+``B - Σ n_min`` units with the smallest keys", the same selection the leximin rounding makes,
+with a key per (prompt, N) instead of a level.
 """
 
 from __future__ import annotations
@@ -61,5 +62,18 @@ def _hit_key(alpha, beta):
     def key(n):
         n = n.astype(alpha.dtype)
         return -(const + lax.lgamma(beta + n) - lax.lgamma(alpha + beta + n + 1))
+
+    return key
+
+
+def _vip_key(p, shift):
+    """``-log`` of the variance decrease ``v/((N - s)(N + 1 - s))`` of the unit N -> N + 1
+    for the per-prompt variance ``v/(N - s)``, ``v = p(1 - p)`` (VIP, `peers_2026.vip`);
+    +inf where v = 0 (p in {0, 1}: the leftovers, evenly)."""
+    log_v = jnp.log(p) + jnp.log1p(-p)
+
+    def key(n):
+        m = (n - shift).astype(p.dtype)
+        return jnp.log(m) + jnp.log(m + 1) - log_v
 
     return key

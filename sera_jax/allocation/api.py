@@ -12,6 +12,14 @@ to compare it as a method)::
 Its options are the keyword parameters beyond the shared ``(p, budget, *, n_min, n_max,
 shift, unseen)`` -- here ``temperature`` -- read from the signature, so they are declared
 once; ``ALLOCATORS`` and ``ALLOCATOR_OPTIONS`` are filled by ``register`` only.
+
+**Allocator state** (the one mechanism for a rule that learns across steps, e.g. a
+controller). ``register(name, init_state=f)`` declares ``f(**options) -> pytree`` (arrays of
+static shapes); the allocator then takes the per-call input ``state`` (None: ``f``'s, a
+fresh start) and returns its next state in ``Allocation.state``. The caller carries it
+from one call to the next (the allocation lab in its scan carry: `studies.lab.train`); a
+caller that cannot carry it must refuse the method (`methods.Method.stateful`). Every other
+allocator has ``Allocation.state`` None, so its pytree and numbers are unchanged.
 """
 
 from __future__ import annotations
@@ -38,12 +46,14 @@ from sera_jax.allocation._engine import (
 __all__ = [
     "ALLOCATORS",
     "ALLOCATOR_OPTIONS",
+    "ALLOCATOR_STATE",
     "Allocation",
     "allocate",
     "allocation_from_counts",
     "check_options",
     "get_allocator",
     "hit_utility",
+    "initial_state",
     "inverse_p",
     "knapsack",
     "register",
@@ -64,16 +74,21 @@ ALLOCATORS: dict[str, Callable[..., Allocation]] = {}
 #: The options each registered allocator takes besides the shared ones (from its signature;
 #: filled by ``register`` with ``ALLOCATORS``).
 ALLOCATOR_OPTIONS: dict[str, tuple[str, ...]] = {}
+#: Stateful allocators: name -> ``init_state(**options)``, the state of a fresh start
+#: (module docstring, "Allocator state"); filled by ``register`` only.
+ALLOCATOR_STATE: dict[str, Callable[..., Any]] = {}
 #: The parameters every allocator takes.
 SHARED_PARAMETERS = ("p", "budget", "n_min", "n_max", "shift", "unseen")
 
 
-def register(name: str) -> Callable[[Callable[..., Allocation]], Callable[..., Allocation]]:
+def register(name: str, *, init_state: Callable[..., Any] | None = None
+             ) -> Callable[[Callable[..., Allocation]], Callable[..., Allocation]]:
     """Decorator: register ``fn`` as allocator ``name`` in ``ALLOCATORS`` (behind the one
     signature, refusing unused options: ``check_options``) with its options, the keyword
     parameters of ``fn`` beyond ``SHARED_PARAMETERS``, in ``ALLOCATOR_OPTIONS``. Returns
-    ``fn`` unchanged. Raises TypeError when ``fn`` lacks a shared parameter and ValueError
-    when ``name`` is taken."""
+    ``fn`` unchanged. ``init_state``: a stateful allocator's fresh state from its options
+    (``ALLOCATOR_STATE``; ``fn`` must then take ``state``). Raises TypeError when ``fn``
+    lacks a shared parameter (or ``state``) and ValueError when ``name`` is taken."""
 
     def decorate(fn: Callable[..., Allocation]) -> Callable[..., Allocation]:
         params = inspect.signature(fn).parameters
@@ -82,8 +97,12 @@ def register(name: str) -> Callable[[Callable[..., Allocation]], Callable[..., A
             raise TypeError(f"allocator {name!r} ({fn.__qualname__}) lacks the shared "
                             f"parameter(s) {missing}; every allocator takes "
                             f"(p, budget, *, n_min, n_max, shift=1, unseen='fill', ...)")
+        if init_state is not None and "state" not in params:
+            raise TypeError(f"allocator {name!r} has an init_state but no 'state' parameter")
         if name in ALLOCATORS:
             raise ValueError(f"allocator {name!r} is already registered; choose another name")
+        if init_state is not None:
+            ALLOCATOR_STATE[name] = init_state
         ALLOCATOR_OPTIONS[name] = tuple(
             k for k, v in params.items()
             if k not in SHARED_PARAMETERS and v.kind is inspect.Parameter.KEYWORD_ONLY)
@@ -265,6 +284,13 @@ def check_options(name: str, options: Any) -> None:
         t = options["threshold"]
         if isinstance(t, bool) or not isinstance(t, int | float) or not 0.0 <= float(t) <= 1.0:
             raise ValueError(f"allocator {name!r}: threshold={t!r}; allowed: a number in [0, 1]")
+
+
+def initial_state(name: str, options: Any = None) -> Any:
+    """The fresh state of stateful allocator ``name`` with ``options`` (its
+    ``init_state``), None for a stateless one."""
+    init = ALLOCATOR_STATE.get(name)
+    return None if init is None else init(**dict(options or {}))
 
 
 def get_allocator(name: str) -> Callable[..., Allocation]:

@@ -84,8 +84,10 @@ __all__ = ["TWO_STAGE", "conditional_scale", "expected_kappa", "pilot_size", "po
 
 #: Jeffreys prior of an unseen prompt (the history's α = β = ½).
 PRIOR = 0.5
-#: Allocators that need a pilot drawn before they are called (see `pilot_size`).
-TWO_STAGE = ("sequential",)
+#: Allocators that need a pilot drawn before they are called (see `pilot_size`); each takes
+#: ``pilot_successes`` and the option ``pilot`` (default n_min). ``pilot_commit``: the
+#: Pilot-Commit peer (`sera_jax.allocation.peers_2026`).
+TWO_STAGE = ("sequential", "pilot_commit")
 _SECOND_STAGES = ("waterline", "posterior")
 
 

@@ -215,11 +215,18 @@ _resolve = method  # `validate` takes a `method` argument, which shadows the fun
 
 
 def check_trainable(method: methods_lib.Method) -> None:
-    """ValueError unless the LM trainer can run `method`: a one-shot allocation (DAPO
-    dynamic sampling included: `sera_jax.rl.dynamic`)."""
+    """ValueError unless the LM trainer can run `method`: a one-shot, stateless allocation
+    (DAPO dynamic sampling included: `sera_jax.rl.dynamic`). Refused: two-stage methods
+    (`sera_sequential`, `pilot_commit`: they allocate from in-step pilot rollouts) and
+    stateful ones (`gdro`: its controller state would have to be carried, and checkpointed,
+    in `TrainState`, which the trainer does not do yet); the allocation lab runs both."""
     check(not method.two_stage, "method", method.name,
           "a method the LM trainer can run: this one allocates from in-step pilot rollouts "
           "(the allocation lab runs it)")
+    check(not method.stateful, "method", method.name,
+          "a method the LM trainer can run: this one carries allocator (controller) state "
+          "across steps, which the trainer's TrainState does not hold (the allocation lab "
+          "runs it)")
 
 
 def for_method(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:

@@ -290,7 +290,99 @@ def bootstrap_pass_at_k(num_correct: Any, n: int, ks: Sequence[int]) -> dict[str
     return {str(int(k)): float(np.mean(analytic_pass_at_k(c / n, int(k)))) for k in ks}
 
 
-__all__ = ["SEED_INTERVALS", "bootstrap_pass_at_k", "curve_difference", "excludes_zero",
-           "format_interval", "holm", "ks_for", "noise_floor", "paired_bootstrap",
+__all__ = ["above_frontier", "bootstrap_pass_at_k", "curve_difference", "excludes_zero",
+           "format_interval", "frontier_gap", "holm", "ks_for", "noise_floor", "paired_bootstrap",
            "paired_difference", "per_prompt_pass_at_k", "seed_bootstrap", "seed_difference",
-           "seed_interval", "verdict", "winner", "within_floor"]
+           "seed_interval", "SEED_INTERVALS", "verdict", "winner", "within_floor"]
+
+
+def above_frontier(points: Sequence[tuple[float, float]],
+                   reference: Sequence[tuple[float, float]]) -> list[float | None]:
+    """For each (x, y) of `points`: y minus the `reference` frontier's y at x (linear
+    interpolation between the reference points sorted by x); None where x lies outside the
+    reference's x range (no comparison without extrapolation)."""
+    ref = sorted(reference)
+    xs, ys = [r[0] for r in ref], [r[1] for r in ref]
+    return [None if not xs or x < xs[0] or x > xs[-1] else float(y - np.interp(x, xs, ys))
+            for x, y in points]
+
+
+def _frontier(groups: Sequence[tuple[np.ndarray, np.ndarray]],
+              start: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray]:
+    """A frontier's points: the (mean x, mean y) of each group (and `start`), sorted by x."""
+    pts = sorted([(float(np.mean(x)), float(np.mean(y))) for x, y in groups]
+                 + ([tuple(map(float, start))] if start is not None else []))
+    return np.asarray([p[0] for p in pts]), np.asarray([p[1] for p in pts])
+
+
+def _gap(ref: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray],
+         xs: np.ndarray | None, grid: int) -> tuple[float | None, list[float | None],
+                                                   tuple[float, float] | None]:
+    """(mean gap over the overlap, the gap at `xs`, the overlap) of two sorted frontiers."""
+    lo, hi = max(ref[0][0], tgt[0][0]), min(ref[0][-1], tgt[0][-1])
+    if not hi > lo:
+        return None, [None] * (0 if xs is None else len(xs)), None
+    u = np.linspace(lo, hi, grid)
+    mean = float(np.mean(np.interp(u, *tgt) - np.interp(u, *ref)))
+    at = [] if xs is None else [float(np.interp(x, *tgt) - np.interp(x, *ref))
+                                if lo <= x <= hi else None for x in xs]
+    return mean, at, (float(lo), float(hi))
+
+
+def frontier_gap(reference: Sequence[tuple[Sequence[float], Sequence[float]]],
+                 target: Sequence[tuple[Sequence[float], Sequence[float]]], *,
+                 start: tuple[float, float] | None = None, num_levels: int = 2,
+                 paired: bool = False, num_resamples: int = 2000, level: float = 0.95,
+                 seed: int = 0, grid: int = 201) -> dict[str, Any]:
+    """How far a method's frontier lies above a reference frontier at matched x, with CIs.
+
+    `reference`, `target`: per learning rate, the per-seed (x, y) values of a method (x =
+    held-out pass@1, y = pass@k). A frontier is the mean point of each lr (plus `start`,
+    the shared lr -> 0 point, on both), sorted by x and joined linearly. On the overlap
+    [max(min x), min(max x)] of the two frontiers (no extrapolation) the gap is
+    g(x) = target(x) − reference(x); reported: its mean over the overlap
+    (`mean` ≈ (1/|O|) ∫_O g: the mean of g on `grid` evenly spaced x of O) and g at
+    `num_levels` x levels evenly inside the overlap (x_i = lo + i·(hi − lo)/(num_levels + 1)).
+    CIs: percentile seed bootstrap; each resample redraws the seeds of every (lr, method)
+    group independently, or with `paired` one draw of seed indices shared by every group
+    (the seeds are common random numbers across lrs and methods; every group needs the
+    same seed count). Resamples whose frontiers do not overlap (or miss a level) are left
+    out and counted (`defined_share`). None estimates when the frontiers do not overlap.
+    """
+    ref = [(np.asarray(x, np.float64), np.asarray(y, np.float64)) for x, y in reference]
+    tgt = [(np.asarray(x, np.float64), np.asarray(y, np.float64)) for x, y in target]
+    mean, _, overlap = _gap(_frontier(ref, start), _frontier(tgt, start), None, grid)
+    out: dict[str, Any] = {"overlap": overlap, "resamples": int(num_resamples),
+                           "paired": bool(paired)}
+    if overlap is None:
+        return {**out, "mean": {"mean": None, "lo": None, "hi": None}, "levels": [],
+                "defined_share": 0.0}
+    lo, hi = overlap
+    xs = np.asarray([lo + (i + 1) * (hi - lo) / (num_levels + 1) for i in range(num_levels)])
+    _, at, _ = _gap(_frontier(ref, start), _frontier(tgt, start), xs, grid)
+    if paired and len({x.size for x, _ in ref + tgt}) != 1:
+        raise ValueError("paired=True needs the same seed count in every group")
+    rng = np.random.default_rng(seed)
+    means, levels = [], [[] for _ in xs]
+    for _ in range(int(num_resamples)):
+        shared = rng.integers(0, ref[0][0].size, ref[0][0].size) if paired else None
+        r_ref, r_tgt = ([(x[i], y[i]) for x, y in groups for i in
+                         [shared if paired else rng.integers(0, x.size, x.size)]]
+                        for groups in (ref, tgt))
+        m, a, _ = _gap(_frontier(r_ref, start), _frontier(r_tgt, start), xs, grid)
+        if m is None:
+            continue
+        means.append(m)
+        for i, v in enumerate(a):
+            if v is not None:
+                levels[i].append(v)
+
+    def interval(est: float | None, stats: list[float]) -> dict[str, Any]:
+        if est is None or len(stats) < 2:
+            return {"mean": est, "lo": None, "hi": None}
+        q = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
+        return {"mean": est, "lo": float(q[0]), "hi": float(q[1])}
+
+    return {**out, "mean": interval(mean, means),
+            "levels": [{"x": float(x), **interval(a, s)} for x, a, s in zip(xs, at, levels)],
+            "defined_share": len(means) / int(num_resamples)}

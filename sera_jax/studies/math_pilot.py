@@ -12,12 +12,16 @@ temperature / top-p (`rl.sampling`), then prints pass@1 / pass@n, maj@n, truncat
 answer length (tokens) and seconds per candidate. The model and every candidate's task block
 are validated (`lm.validate_model` / `lm.validate_task`) before anything loads.
 
-    python -m experiments.math_pilot --config=configs/math/cpu.py --workdir=/tmp/math_pilot \
+    python -m experiments.math_pilot --config=configs/math/cpu.py --workdir=runs/math_pilot \
         --candidates=plain32,number24_s1 --config.eval.num_prompts=32 --config.eval.num_samples=8
 
 Each candidate's record is `<workdir>/<name>.json` (the evaluation record plus the sampler,
-three example completions, the candidate's fields and the split sizes); a finished candidate
-is not re-run, so a killed command continues where it stopped. The task sizes are 128 train /
+three example completions, the candidate's fields and the split sizes) with the fingerprint
+of what it measured (`fingerprint`: the model, the candidate's task, the evaluation and the
+sampler); a finished candidate with the same fingerprint is not re-run, so a killed command
+continues where it stopped. A record made with other settings (another `eval.num_prompts`,
+model, sampler ...) is recomputed, and the run says so, naming the changed fields; an empty
+`--candidates` is refused. The task sizes are 128 train /
 128 held-out problems (generator seed `task.seed`), or 96 / 96 where the templates cannot
 supply 128 (add, mul).
 """
@@ -31,6 +35,7 @@ from typing import Any
 
 import ml_collections
 
+from sera_jax import loop
 from sera_jax.records import read_json, write_json
 from sera_jax.studies import common
 from sera_jax.studies.paired.evaluation import evaluate_policy
@@ -101,6 +106,30 @@ def candidate_config(cfg: ml_collections.ConfigDict, name: str) -> ml_collection
     return c
 
 
+def fingerprint(c: ml_collections.ConfigDict) -> dict[str, Any]:
+    """What a candidate's record measures (its config `c`): the model, the task, the
+    evaluation (its batch size left out: it changes no number) and the RL sampler."""
+    ev = {k: v for k, v in c.eval.to_dict().items() if k != "batch_size"}
+    return loop.canonical({"model": c.model.to_dict(), "task": c.task.to_dict(), "eval": ev,
+                           "sampling": c.rl.sampling.to_dict()})
+
+
+def cached_record(path: str, fp: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """(`path`'s record, "") when it was made with fingerprint `fp`; else (None, why it is
+    recomputed: the changed fields, no fingerprint, or an unreadable file)."""
+    try:
+        record = read_json(path)
+    except (OSError, ValueError) as e:
+        return None, f"unreadable ({type(e).__name__})"
+    if not isinstance(record, dict) or "fingerprint" not in record:
+        return None, "made before records carried their settings"
+    changed = loop.changed_fields(record["fingerprint"], fp)
+    if changed:
+        return None, "made with other settings (" + ", ".join(changed[:8]) + (
+            f", ... {len(changed) - 8} more" if len(changed) > 8 else "") + ")"
+    return record, ""
+
+
 def evaluate_candidate(model: Any, task: Any, c: ml_collections.ConfigDict, mesh: Any,
                        examples: int = 3) -> dict[str, Any]:
     """The start scored on candidate config `c` (`evaluate_policy` at point 0) with the
@@ -120,6 +149,10 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, candidates: list[str]) -> 
     """Evaluate the start policy on each named candidate (resuming finished ones from
     `<workdir>/<name>.json`); returns {"records", "summary" (markdown)}. Every candidate's
     config is checked before the model loads."""
+    candidates = [c for c in candidates if c.strip()]
+    if not candidates:
+        raise common.StudyError(f"--candidates is empty: name at least one of "
+                                f"{sorted(CANDIDATES)} (or leave the flag out: all of them)")
     unknown = sorted(set(candidates) - set(CANDIDATES))
     if unknown:
         raise common.StudyError(f"--candidates: unknown {unknown}; known: {sorted(CANDIDATES)}")
@@ -135,9 +168,13 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, candidates: list[str]) -> 
     records = {}
     for name, c in configs.items():
         path = os.path.join(workdir, f"{name}.json")
+        fp = fingerprint(c)
         if os.path.exists(path):
-            records[name] = read_json(path)
-            continue
+            cached, why = cached_record(path, fp)
+            if cached is not None:
+                records[name] = cached
+                continue
+            print(f"{name}: recomputing {path}: its record was {why}", flush=True)
         if model is None:
             t0 = time.perf_counter()
             model = build_model(c, mesh)
@@ -146,7 +183,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, candidates: list[str]) -> 
         record = evaluate_candidate(model, task, c, mesh)
         record.update(candidate=name, task=dict(CANDIDATES[name]),
                       num_train=task.split_size("train"), num_eval=task.split_size("eval"),
-                      prompt_len_max=int(task.max_prompt_len))
+                      prompt_len_max=int(task.max_prompt_len), fingerprint=fp)
         write_json(path, record)
         records[name] = record
         print(table({name: record}), flush=True)
@@ -168,5 +205,5 @@ def table(records: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["CANDIDATES", "SPLIT_SIZES", "candidate_config", "evaluate_candidate", "run",
-           "table"]
+__all__ = ["CANDIDATES", "SPLIT_SIZES", "cached_record", "candidate_config",
+           "evaluate_candidate", "fingerprint", "run", "table"]

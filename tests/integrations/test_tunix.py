@@ -8,6 +8,7 @@ included); an unsupported tunix version is a clear ImportError; DAPO refills.
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 
 import numpy as np
@@ -220,8 +221,9 @@ def test_save_restore_step_equals_uninterrupted(tmp_path):
     resumed.train(data)
 
     assert len(set(full.records[1]["counts"])) > 1  # the history shaped step 2
-    assert resumed.records[0]["counts"] == full.records[1]["counts"]
-    assert resumed.records[0]["p_hat"] == full.records[1]["p_hat"]
+    # The resumed learner's records are the run's: step 1's restored with the checkpoint.
+    assert [r["counts"] for r in resumed.records] == [r["counts"] for r in full.records]
+    assert resumed.records[1]["p_hat"] == full.records[1]["p_hat"]
     for f in ("successes", "failures", "pending_successes", "pending_failures", "p_hat",
               "seen"):
         np.testing.assert_array_equal(getattr(resumed.history, f), getattr(full.history, f))
@@ -297,6 +299,57 @@ def test_example_skips_finished_methods_and_refuses_another_config(tmp_path, mon
     cfg.rl.num_steps = 7
     with pytest.raises(ValueError, match=r"another config \(rl\.num_steps\)"):
         example.run(cfg, str(tmp_path))
+
+
+def _tiny_example(num_steps=2):
+    from sera_jax import config_files
+
+    cfg = config_files.get_config(os.path.join(os.path.dirname(__file__), "..", "..",
+                                               "configs", "tunix", "cpu.py"))
+    cfg.model.layers, cfg.model.dim = 1, 16
+    cfg.rl.num_steps = num_steps
+    cfg.rl.max_new_tokens = 2
+    cfg.compare.methods = ("sera",)
+    return cfg
+
+
+def test_example_resume_knows_what_it_resumes(tmp_path, monkeypatch, capsys):
+    """The example's resume (issue 51): a run killed after its checkpoints but before
+    records.json resumes from them and rebuilds the earlier steps' records from the
+    checkpoint; it never trains past rl.num_steps; checkpoints of another config (another
+    lr) are refused naming the field, before any step."""
+    from sera_jax.checkpoint import CheckpointError
+
+    cfg, work = _tiny_example(), str(tmp_path)
+    done = tmp_path / "sera" / "records.json"
+    # "Killed" after step 1: the cluster stops at one step, records.json is never written.
+    make = example.make_cluster
+    monkeypatch.setattr(example, "make_cluster", lambda *a, **kw: make(*a, **{
+        **kw, "max_steps": 1}))
+    first = example.run_method(cfg, "sera", work)
+    assert len(first.records) == 1
+    monkeypatch.setattr(example, "make_cluster", make)
+    out = example.run(cfg, work)
+    records = out["records"]["sera"]
+    assert [r["prompt_ids"] for r in records][:1] == [first.records[0]["prompt_ids"]]
+    assert len(records) == cfg.rl.num_steps == len(json.load(open(done))["records"])
+    assert records[0]["counts"] == first.records[0]["counts"]  # restored, not redone
+    assert "resumed at step 1 of 2" in capsys.readouterr().out
+    # Killed again after the last checkpoint: nothing is trained, every record is kept.
+    os.remove(done)
+    calls = []
+    train = example.SeraLearner.train
+    monkeypatch.setattr(example.SeraLearner, "train",
+                        lambda self, *a, **k: calls.append(1) or train(self, *a, **k))
+    again = example.run(cfg, work)["records"]["sera"]
+    assert calls == [] and [r["counts"] for r in again] == [r["counts"] for r in records]
+    # Another config's checkpoints (lr 0.5 instead of 0.05): refused, naming the field.
+    os.remove(done)
+    other = _tiny_example()
+    other.rl.optimizer.learning_rate = 0.5
+    with pytest.raises(CheckpointError, match=r"different experiment.*learning_rate"):
+        example.run(other, work)
+    assert calls == [] and not done.exists()
 
 
 @pytest.mark.slow

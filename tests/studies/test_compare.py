@@ -65,3 +65,52 @@ def test_format_interval():
     assert compare.format_interval(e, scale=100, digits=1) == "+123.4 [+40.0, +206.0]"
     assert compare.format_interval({**e, "lo": -0.1}) == "+1.23 [-0.10, +2.06] (n.s.)"
     assert compare.format_interval(compare.seed_interval([0.5])) == "+0.50 (no interval)"
+
+
+def _groups(points, seeds=4):
+    """Per lr, `seeds` identical per-seed values at each (x, y) point."""
+    return [([x] * seeds, [y] * seeds) for x, y in points]
+
+
+def test_frontier_gap_by_hand():
+    ref = _groups([(0.1, 0.3), (0.3, 0.5)])
+    # Parallel, 0.1 above: the gap is 0.1 everywhere on the overlap [0.1, 0.3].
+    out = compare.frontier_gap(ref, _groups([(0.1, 0.4), (0.3, 0.6)]), num_resamples=50)
+    assert out["overlap"] == (0.1, 0.3)
+    assert out["mean"]["mean"] == pytest.approx(0.1)
+    assert [lv["x"] for lv in out["levels"]] == pytest.approx([0.1 + 0.2 / 3, 0.1 + 0.4 / 3])
+    assert all(lv["mean"] == pytest.approx(0.1) for lv in out["levels"])
+    assert out["mean"]["lo"] == pytest.approx(0.1) and out["defined_share"] == 1.0
+    # Crossing: target(x) = 0.2 + 2 (x − 0.1), reference(x) = 0.3 + (x − 0.1), so
+    # g(x) = x − 0.2: −0.1 at 0.1, +0.1 at 0.3, mean 0 over the overlap.
+    out = compare.frontier_gap(ref, _groups([(0.1, 0.2), (0.3, 0.6)]), num_resamples=50)
+    assert out["mean"]["mean"] == pytest.approx(0.0, abs=1e-12)
+    assert out["levels"][0]["mean"] == pytest.approx(0.1 + 0.2 / 3 - 0.2)
+    # Only part of the target's range overlaps: no extrapolation past x = 0.3.
+    out = compare.frontier_gap(ref, _groups([(0.2, 0.5), (0.5, 0.9)]), num_resamples=50)
+    assert out["overlap"] == (0.2, 0.3)
+    # The target line 0.5 + (x − 0.2)·0.4/0.3 minus the reference line 0.3 + (x − 0.1):
+    tx = np.linspace(0.2, 0.3, 201)
+    expect = np.mean((0.5 + (tx - 0.2) * 0.4 / 0.3) - (0.3 + (tx - 0.1)))
+    assert out["mean"]["mean"] == pytest.approx(expect)
+    # Disjoint frontiers: nothing to compare.
+    out = compare.frontier_gap(ref, _groups([(0.5, 0.7), (0.6, 0.8)]))
+    assert out["overlap"] is None and out["mean"]["mean"] is None
+
+
+def test_frontier_gap_start_point_and_bootstrap_width():
+    rng = np.random.default_rng(0)
+    ref = [(rng.normal(x, 0.02, 16), rng.normal(y, 0.02, 16))
+           for x, y in ((0.2, 0.5), (0.4, 0.6))]
+    tgt = [(rng.normal(x, 0.02, 16), rng.normal(y + 0.05, 0.02, 16))
+           for x, y in ((0.2, 0.5), (0.4, 0.6))]
+    out = compare.frontier_gap(ref, tgt, num_resamples=400, seed=1)
+    e = out["mean"]
+    assert e["lo"] < e["mean"] < e["hi"] and e["lo"] > 0  # 0.05 above, seeds of sd 0.02
+    paired = compare.frontier_gap(ref, tgt, num_resamples=400, seed=1, paired=True)
+    assert paired["paired"] and paired["mean"]["mean"] == e["mean"]
+    # The start (lr -> 0) joins both frontiers: it widens the overlap down to its x.
+    start = compare.frontier_gap(ref, tgt, start=(0.05, 0.3), num_resamples=50)
+    assert start["overlap"][0] == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="same seed count"):
+        compare.frontier_gap(ref, [(x[:8], y[:8]) for x, y in tgt], paired=True)

@@ -1,7 +1,8 @@
 """The math pilot (experiments/math_pilot.py): each candidate is a valid task of the math kind
 with disjoint train / held-out splits of the largest size its templates supply, and the pilot
 scores a start with the paired study's evaluation, writes one record per candidate, resumes
-finished ones and prints the table (a tiny random LM)."""
+finished ones made with the same settings (recomputing, and saying so, a record made with
+others), refuses an empty candidate list and prints the table (a tiny random LM)."""
 
 import json
 import os
@@ -36,7 +37,7 @@ def test_candidate_is_a_valid_task_with_disjoint_splits(name):
     assert {p.level for ps in splits.values() for p in ps} <= set(c.task.steps)
 
 
-def test_pilot_scores_records_and_resumes(tmp_path, monkeypatch):
+def test_pilot_scores_records_and_resumes(tmp_path, monkeypatch, capsys):
     cfg = _cpu()
     cfg.model.source, cfg.model.path = "hf", util.write_tiny_lm(str(tmp_path / "lm"))
     cfg.eval.update(num_prompts=4, num_samples=2, batch_size=8)
@@ -57,10 +58,34 @@ def test_pilot_scores_records_and_resumes(tmp_path, monkeypatch):
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded for a finished candidate")
 
+    real_build_model = math_pilot.build_model
     monkeypatch.setattr(math_pilot, "build_model", no_model)
     again = math_pilot.run(cfg, work, ["small8_nl"])
     assert again["records"]["small8_nl"] == json.loads(json.dumps(record))  # tuples: lists
     assert again["summary"] == out["summary"]
+    # The batch size changes no number: still read back.
+    cfg.eval.batch_size = 4
+    assert math_pilot.run(cfg, work, ["small8_nl"])["records"]["small8_nl"]["num_prompts"] == 4
+    # A record made with other settings is recomputed, and the run says so.
+    monkeypatch.setattr(math_pilot, "build_model", real_build_model)
+    capsys.readouterr()
+    cfg.eval.num_prompts = 2
+    other = math_pilot.run(cfg, work, ["small8_nl"])["records"]["small8_nl"]
+    assert other["num_prompts"] == 2
+    said = capsys.readouterr().out
+    assert "small8_nl: recomputing" in said and "other settings (eval.num_prompts)" in said
+    # A record written before records carried their settings is recomputed too.
+    path = os.path.join(work, "small8_nl.json")
+    old = json.load(open(path))
+    old.pop("fingerprint")
+    json.dump(old, open(path, "w"))
+    assert math_pilot.cached_record(path, other["fingerprint"]) == (
+        None, "made before records carried their settings")
+    monkeypatch.setattr(math_pilot, "build_model", no_model)
+    # An empty candidate list (`--candidates=`) is refused, not an empty table.
+    for empty in ([], [""]):
+        with pytest.raises(common.StudyError, match="--candidates is empty"):
+            math_pilot.run(cfg, work, empty)
     # Unknown candidates and bad config fields are refused before anything runs.
     with pytest.raises(common.StudyError, match="unknown"):
         math_pilot.run(cfg, work, ["nope"])

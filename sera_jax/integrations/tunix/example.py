@@ -6,6 +6,15 @@ model, a tokenizer, a dataset with stable prompt ids, a reward). The tokenizer k
 and spaces and maps every other character to "?", so a random model writes numbers often
 enough to be right sometimes (rewards near 0, but not all 0: the allocation has something
 to react to). `run(config, workdir)` is what experiments/tunix_sera.py calls.
+
+Resume: each method's tunix checkpoints (`<workdir>/<method>/checkpoints/`) carry the run's
+fingerprint (the whole config, `FINGERPRINT_KEY`) and every step's records so far
+(`SeraLearner` saves them with the history). A re-run resumes from the latest checkpoint
+only when its fingerprint equals the config's (`loop.check_fingerprint`, as the other
+binaries do: another config, or checkpoints without a fingerprint, are refused naming the
+changed fields), rebuilds the records of the steps before it from the checkpoint, never
+trains past `rl.num_steps` (a finished run is not stepped again), and writes `records.json`
+with every step.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from tunix.rl.rollout import base_rollout
 
 from sera_jax import loop, optim
 from sera_jax import methods as methods_lib
+from sera_jax.checkpoint import CheckpointError
 from sera_jax.integrations.tunix import real_model
 from sera_jax.integrations.tunix.learner import SeraLearner, SeraOptions
 from sera_jax.tasks.mathqa import grader, problems
@@ -179,19 +189,63 @@ def build_policy(c: ml_collections.ConfigDict
             tokenizer, None, None)
 
 
+#: Key of the run's fingerprint in the custom metadata of the example's tunix checkpoints.
+FINGERPRINT_KEY = "sera_example_fingerprint"
+
+
+def fingerprint(c: ml_collections.ConfigDict, name: str) -> dict[str, Any]:
+    """What a method's run is: the whole config and the method (nothing may change on
+    resume: the optimizer's schedule and the data order depend on `rl.num_steps` too)."""
+    return loop.canonical({"config": c.to_dict(), "method": name})
+
+
+def check_resume(trainer: Any, fp: dict[str, Any], directory: str, num_steps: int) -> int:
+    """The step a method resumes at (0: a fresh run): refuses (CheckpointError naming the
+    changed fields) checkpoints of another config or without a fingerprint, and a
+    checkpoint beyond `num_steps`."""
+    restored = int(trainer.train_steps)
+    if not restored:
+        return 0
+    meta = trainer._restored_custom_metadata or {}
+    loop.check_fingerprint(meta.get(FINGERPRINT_KEY), fp, (), directory)
+    if restored > num_steps:
+        raise CheckpointError(
+            f"refusing to resume {directory} at step {restored}: beyond rl.num_steps="
+            f"{num_steps}; move the directory away or use a new workdir")
+    return restored
+
+
+def _save_fingerprint_with(manager: Any, fp: dict[str, Any]) -> None:
+    """Every checkpoint the manager writes also carries `fp` in its custom metadata."""
+    save = manager.save
+
+    def save_with_fingerprint(step, model, optimizer=None, save_only_lora_params=False,
+                              force=False, custom_metadata=None):
+        meta = {**dict(custom_metadata or {}), FINGERPRINT_KEY: fp}
+        return save(step, model, optimizer, save_only_lora_params=save_only_lora_params,
+                    force=force, custom_metadata=meta)
+
+    manager.save = save_with_fingerprint
+
+
 def run_method(c: ml_collections.ConfigDict, name: str, workdir: str | None
                ) -> SeraLearner:
-    """Train one method from the same seed; returns the learner (its `records`)."""
+    """Train one method from the same seed; returns the learner (its `records`: every step
+    of the run, the ones before a resume restored from the checkpoint). With a workdir it
+    resumes from `<workdir>/<name>/checkpoints` (module docstring)."""
     overrides = {"threshold": c.rl.allocation.threshold} if c.rl.allocation.threshold else {}
     method = methods_lib.resolve(name, overrides)
     model, tokenizer, prompt, eos = build_policy(c)
+    checkpoints = os.path.join(workdir, name, "checkpoints") if workdir else None
     cluster = make_cluster(
         model, tokenizer,
         optimizer=optim.make_optimizer(c.rl.optimizer, num_steps=c.rl.num_steps),
         max_steps=c.rl.num_steps, max_new_tokens=c.rl.max_new_tokens,
         max_prompt_length=c.rl.get("max_prompt_length", 128), temperature=c.rl.temperature,
-        checkpoint_dir=os.path.join(workdir, name, "checkpoints") if workdir else None,
-        eos_tokens=eos)
+        checkpoint_dir=checkpoints, eos_tokens=eos)
+    fp = fingerprint(c, name)
+    trainer = cluster.actor_trainer
+    restored = check_resume(trainer, fp, checkpoints, c.rl.num_steps) if checkpoints else 0
     algo = grpo_learner.GRPOConfig(
         num_generations=c.rl.rollouts_per_prompt, num_iterations=1, beta=0.0,
         advantage_estimator=method.estimator,
@@ -201,6 +255,13 @@ def run_method(c: ml_collections.ConfigDict, name: str, workdir: str | None
                        n_max=a.n_max, unseen=a.unseen, alpha=h.alpha, beta=h.beta,
                        gamma=h.gamma, max_rounds=c.rl.max_rounds)
     learner = SeraLearner(cluster, algo, math_reward, sera)
+    if checkpoints and trainer.checkpoint_manager is not None:
+        _save_fingerprint_with(trainer.checkpoint_manager, fp)
+    if restored:
+        print(f"[{name}] resumed at step {restored} of {c.rl.num_steps} from {checkpoints} "
+              f"({len(learner.records)} records restored)", flush=True)
+    if restored >= c.rl.num_steps:
+        return learner  # finished: never a step past rl.num_steps
     log, start = learner._log, time.perf_counter()
 
     def log_and_print(*args: Any, **kwargs: Any) -> None:  # one progress line per step
@@ -223,8 +284,10 @@ def format_records(name: str, records: Sequence[dict[str, Any]]) -> str:
     lines = [f"## {name}", "step | prompt ids | p_hat | counts N_q | mean reward | mean length "
              "| generated rollouts | kept groups | seconds since the previous step"]
     for i, r in enumerate(records):
-        p_hat = " ".join("-" if np.isnan(p) else f"{p:.2f}" for p in r["p_hat"])
-        dt = f"{r['time'] - records[i - 1]['time']:.1f}" if i else "-"
+        p_hat = " ".join("-" if p is None or np.isnan(p) else f"{p:.2f}" for p in r["p_hat"])
+        clock = "wall_time" if "wall_time" in r else "time"  # a resume: the wall clock
+        dt = (f"{r[clock] - records[i - 1][clock]:.1f}"
+              if i and clock in records[i - 1] else "-")
         lines.append(f"{r['step']} | {r['prompt_ids']} | {p_hat} | {r['counts']} | "
                      f"{r['reward_mean']:.3f} | {r['length_mean']:.1f} | "
                      f"{r['dapo/generated_rollouts']} | "

@@ -28,7 +28,8 @@ SERA_JAX_TUNIX_UNCHECKED=1 to try another version at your own risk).
   batches from the training iterator until the informative groups fill the B rows (at most
   `SeraOptions.max_rounds` rounds), counting every generated rollout and token.
 * The history (and the data position of refills) is saved in the custom metadata of
-  tunix's own checkpoints and restored with them: resuming continues exactly.
+  tunix's own checkpoints and restored with them: resuming continues exactly. So are the
+  per-step `records` written so far: a resumed learner's `records` are the whole run's.
 """
 
 from __future__ import annotations
@@ -130,6 +131,9 @@ def validate(algo_config: Any, sera: SeraOptions) -> methods_lib.Method:
     if method.two_stage:
         problems.append(f"method {method.name!r} needs an in-step pilot; use a one-shot "
                         "method")
+    if method.stateful:
+        problems.append(f"method {method.name!r} carries allocator state across steps, "
+                        "which the learner does not hold; use a stateless method")
     if problems:
         raise ValueError("SeraLearner: unsupported GRPOConfig/SeraOptions: "
                          + "; ".join(problems))
@@ -190,9 +194,11 @@ class SeraLearner(grpo_learner.GRPOLearner):
     """tunix's GRPO learner with SERA's per-prompt rollout counts (see the module doc).
 
     Constructed like `GRPOLearner` plus `sera`; train with `learner.train(train_ds)`.
-    `records` holds one dict per training batch (prompt ids, p̂, counts, mean reward per
-    prompt, mean completion length, generated rollouts/tokens, `time.perf_counter()` when
-    the batch was scored); `history` is the live `SuccessHistory`.
+    `records` holds one dict per training batch of the run -- restored from the checkpoint
+    the learner resumes from, then this process's (prompt ids, p̂, counts, mean reward per
+    prompt, mean completion length, generated rollouts/tokens, `time.perf_counter()` and
+    the wall clock `wall_time` when the batch was scored); `history` is the live
+    `SuccessHistory`.
     """
 
     def __init__(self, rl_cluster: rl_cluster.RLCluster, algo_config: Any,
@@ -226,7 +232,8 @@ class SeraLearner(grpo_learner.GRPOLearner):
                     "prompts_drawn": self.prompts_drawn,
                     "epochs_started": self.epochs_started,
                     "refill_batches": self.refill_batches,
-                    "method": self.method.to_dict()}
+                    "method": self.method.to_dict(),
+                    "records": list(self.records)}
 
     def _restore(self, metadata: Mapping[str, Any] | None, restored_steps: int) -> None:
         state = (metadata or {}).get(CHECKPOINT_KEY)
@@ -250,6 +257,8 @@ class SeraLearner(grpo_learner.GRPOLearner):
         self.prompts_drawn = int(state["prompts_drawn"])
         self.epochs_started = int(state["epochs_started"])
         self.refill_batches = self._skip_on_resume = int(state["refill_batches"])
+        # Checkpoints written before records were saved with them restore none.
+        self.records = [dict(r) for r in state.get("records", [])]
 
     def _save_history_with(self, manager: Any) -> None:
         """Every save of the actor's checkpoint manager (tunix's periodic ones and its final
@@ -404,6 +413,7 @@ class SeraLearner(grpo_learner.GRPOLearner):
             "p_hat": first.p_hat.tolist(), "counts": first.counts.tolist(),
             "reward_per_prompt": per_prompt.tolist(), "reward_mean": float(rewards.mean()),
             "length_mean": float(lengths.mean()), "time": time.perf_counter(),
+            "wall_time": time.time(),
             **{k: int(v) for k, v in extra.items()}})
 
 

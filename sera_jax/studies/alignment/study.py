@@ -638,6 +638,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
         c(not methods_lib.get_method(tr.method).two_stage, "rl.method", tr.method,
           "a one-shot method: train mode allocates before the step's rollouts, and this one "
           "allocates from in-step pilot rollouts (measure it with --config.mode=measure)")
+        c(not methods_lib.get_method(tr.method).stateful, "rl.method", tr.method,
+          "a stateless method: train mode does not carry allocator state across steps "
+          "(measure it with --config.mode=measure: one step from a fresh state)")
         c(pos(tr.num_steps) and pos(tr.log_every), "rl.num_steps", tr.num_steps,
           "integers >= 1 (num_steps, log_every)")
         c(pos(tr.prompts_per_step), "rl.prompts_per_step", tr.prompts_per_step,

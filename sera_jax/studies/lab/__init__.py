@@ -18,7 +18,8 @@ How it differs from the LM trainer: losses come from `sera_jax.objective`, as in
 `sera_jax.rl`, but a cell's wall time is XLA compilation, so arms that differ only in a traced
 switch share one compiled program (uniform, its null and its A/A arm; a method and its
 multiplicity ablation: `cells.run_cell`). The lab draws the pilot rollouts a two-stage method
-(`sera_sequential`) needs, which the LM trainer refuses. `dapo` / `sera_dapo` run in
+(`sera_sequential`, `pilot_commit`) needs and carries a stateful method's allocator state
+(`gdro`'s controller) in its scan carry; the LM trainer refuses both. `dapo` / `sera_dapo` run in
 `dynamic` (`rl.max_rounds` rounds of P prompts per step, packed as
 `sera_jax.dynamic_sampling.select` packs them, by test); each step logs its generated
 rollouts, and a cell with such an arm also reports every arm at the baseline's generated

@@ -155,15 +155,18 @@ def _takes(allocator: str, option: str) -> bool:
 
 
 def rollout_plan(method: Method, setup: Setup, p_hat: Array, post: tuple[Array, Array],
-                 pilot_successes: Array | None = None) -> objective.RolloutPlan:
+                 pilot_successes: Array | None = None, state: Any = None
+                 ) -> objective.RolloutPlan:
     """The method's rollout plan of one batch (traced), given the pilot's successes
-    (two-stage allocators) and the history's posterior (allocators that take alpha/beta,
-    when `posterior_from_history`)."""
+    (two-stage allocators), the history's posterior (allocators that take alpha/beta,
+    when `posterior_from_history`) and a stateful allocator's state (the plan's `state` is
+    the next one)."""
     alpha, beta = (post if setup.posterior_from_history and _takes(method.allocator, "alpha")
                    else (None, None))
     return objective.plan_rollouts(method, p_hat, setup.budget, n_min=setup.n_min,
                                    n_max=setup.n_max, unseen=setup.unseen,
-                                   pilot_successes=pilot_successes, alpha=alpha, beta=beta)
+                                   pilot_successes=pilot_successes, alpha=alpha, beta=beta,
+                                   state=state)
 
 
 def epoch_batch(setup: Setup, h: history_lib.SuccessHistory, t: Array, k_data: Array

@@ -56,10 +56,14 @@ def run_sweep(config: ml_collections.ConfigDict, runners: dict, cache_dir: str |
         res = run_cell(names, setup, config.seed, seeds, {law: law}, runners, True,
                        config.rl.allocation.threshold, cache_dir=cache_dir)[law]
         g, by_lr[float(lr)] = gate(res, ks, ci), res
-        row = {"lr": float(lr), "admissible": g["admissible"], "gate": g["delta"]}
+        row = {"lr": float(lr), "admissible": g["admissible"], "gate": g["delta"],
+               "per_seed": {}}
         cells = []
         for n in names:
-            row[n] = (_mean_ci(_final(res[n], 1, i1), ci), _mean_ci(_final(res[n], 1, ik), ci))
+            x, y = _final(res[n], 1, i1), _final(res[n], 1, ik)
+            row[n] = (_mean_ci(x, ci), _mean_ci(y, ci))
+            row["per_seed"][n] = {"pass@1": np.asarray(x).tolist(),
+                                  f"pass@{sw.frontier_k}": np.asarray(y).tolist()}
             cells += [f"{e['mean']:.2f} ± {e['hi'] - e['mean']:.2f}" for e in row[n]]
         rows.append(row)
         lines.append(f"| {lr} | {compare.format_interval(g['delta'])}"
@@ -78,6 +82,7 @@ def run_sweep(config: ml_collections.ConfigDict, runners: dict, cache_dir: str |
         above = [float(r[n][1]["mean"]) > float(np.interp(r[n][0]["mean"], *zip(*front)))
                  for r in rows]
         lines.append(f"{n}: {sum(above)} of {len(rows)} points above uniform's frontier.")
+    lines += ["", *frontier_gap_lines(rows, names, int(sw.frontier_k), seed=int(config.seed))]
     lines += [""] + report_cell(by_lr[best["lr"]], ks, list(config.report.table_ks), "uniform",
                                 names, ci, True, best["lr"], f"Selected lr {best['lr']}: ")[0]
     lines += [f"## θ sensitivity at lr {best['lr']} (held-out, points, vs uniform)", "",
@@ -96,3 +101,40 @@ def run_sweep(config: ml_collections.ConfigDict, runners: dict, cache_dir: str |
                      ci)) for k in config.report.table_ks]
         lines.append(f"| {th} | {act:.2f} | " + " | ".join(cells) + " |")
     return lines + [""], rows
+
+
+def frontier_gaps(rows: list[dict[str, Any]], names: list[str], k: int, *, seed: int = 0,
+                  num_resamples: int = 2000) -> dict[str, dict[str, Any]]:
+    """Every method's frontier against uniform's (`compare.frontier_gap`: pass@k at matched
+    pass@1, at 2 levels inside the overlap and averaged over it), from the sweep's per-seed
+    final values; the seeds are common across lrs and methods, so resampled jointly."""
+    def groups(n: str) -> list[tuple[list[float], list[float]]]:
+        return [(r["per_seed"][n]["pass@1"], r["per_seed"][n][f"pass@{k}"]) for r in rows]
+
+    return {n: compare.frontier_gap(groups("uniform"), groups(n), paired=True, seed=seed,
+                                    num_resamples=num_resamples)
+            for n in names if n != "uniform"}
+
+
+def frontier_gap_lines(rows: list[dict[str, Any]], names: list[str], k: int, *,
+                       seed: int = 0) -> list[str]:
+    """The table of `frontier_gaps` (points of pass@k; 95 % seed-bootstrap CIs)."""
+    def cell(e: dict[str, Any]) -> str:
+        if e["mean"] is None:
+            return "–"
+        band = "" if e["lo"] is None else f" [{100 * e['lo']:+.2f}, {100 * e['hi']:+.2f}]"
+        return f"{100 * e['mean']:+.2f}{band}"
+
+    out = [f"Frontier gap vs uniform: pass@{k} at matched pass@1 (points; 95 % paired seed "
+           "bootstrap), averaged over the overlap of the two frontiers and at two pass@1 "
+           "levels inside it:", "",
+           "| method | pass@1 overlap | mean over overlap | at level 1 | at level 2 |",
+           "|---|---|---|---|---|"]
+    for n, g in frontier_gaps(rows, names, k, seed=seed).items():
+        if g["overlap"] is None:
+            out.append(f"| {n} | none | – | – | – |")
+            continue
+        lv = [f"{cell(e)} (pass@1 {100 * e['x']:.1f})" for e in g["levels"]]
+        out.append(f"| {n} | {100 * g['overlap'][0]:.1f}–{100 * g['overlap'][1]:.1f} | "
+                   f"{cell(g['mean'])} | " + " | ".join(lv) + " |")
+    return out

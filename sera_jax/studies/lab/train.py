@@ -21,6 +21,11 @@ One step of one seed, with the library's pieces unchanged (the same order as the
    (`sera_jax.optim`: AdamW after global-norm clipping by default);
 6. `history.update_from_rollouts` (pending until the next epoch).
 
+A stateful method (`Method.stateful`: `gdro`, a controller across steps) carries its
+allocator's state in the scan carry, `(params, opt_state, history, allocator state)`: the
+fresh `Method.init_state()` per seed, then each step's `RolloutPlan.state`. Stateless
+methods keep the three-part carry (their programs are unchanged).
+
 A method with DAPO dynamic sampling (`Method.dynamic_sampling`: `dapo`, `sera_dapo`) runs
 `lab.dynamic.make_step` instead: up to `Setup.max_rounds` rounds of P prompts per step, the
 informative groups packed into the B rows, every generated rollout counted (`generated`).
@@ -67,7 +72,7 @@ from sera_jax.studies.lab.shared import (
 #: without importing this module).
 __all__ = ["AA_TAG", "EVAL_METRICS", "FAMILIES", "NULL_TAG", "STEP_METRICS", "Runner",
            "Setup", "batch_gradient", "check_first_step", "epoch_batch", "exact_gradient",
-           "make_tasks", "rollout_stream", "rollout_uniforms", "seed_keys",
+           "initial_carry", "make_tasks", "rollout_stream", "rollout_uniforms", "seed_keys",
            "setup_from_config"]
 
 #: Control arms run beside every comparison, both on the uniform runner itself: the null
@@ -178,13 +183,12 @@ class Runner:
         self._block = jax.jit(jax.vmap(block, in_axes=(0, 0, 0, None, None, None, None)))
 
     def init_carry(self, params0: Any) -> tuple:
-        """(params, optimiser state, empty history) of every seed."""
-        s = self.setup
+        """(params, optimiser state, empty history[, fresh allocator state]) of every seed
+        (the allocator state for a stateful method only: `initial_carry`)."""
         num = jax.tree.leaves(params0)[0].shape[0]
-        h = history_lib.SuccessHistory.create(s.num_train, s.history_alpha, s.history_beta,
-                                              s.history_gamma)
-        h = jax.tree.map(lambda x: jnp.broadcast_to(x, (num,) + x.shape), h)
-        return params0, jax.vmap(self.tx.init)(params0), h
+        one = initial_carry(self.method, self.setup, self.tx, None)[2:]
+        rest = jax.tree.map(lambda x: jnp.broadcast_to(x, (num,) + x.shape), one)
+        return (params0, jax.vmap(self.tx.init)(params0), *rest)
 
     def __call__(self, keys: Array, tasks: tuple, num_steps: int | None = None,
                  stream: int = 0, null: bool = False, multiplicity: bool | None = None
@@ -225,6 +229,18 @@ class Runner:
                 "mean_log_p": ev[1], "mean_p": ev[2]}
 
 
+def initial_carry(method: Method, setup: Setup, tx: optax.GradientTransformation,
+                  params0: Any) -> tuple:
+    """One seed's initial carry: (params0, tx.init(params0), empty history), plus the
+    method's fresh allocator state when it is stateful (`Method.init_state`). With
+    ``params0`` None the optimiser state is None too (only the history part is wanted)."""
+    s = setup
+    h = history_lib.SuccessHistory.create(s.num_train, s.history_alpha, s.history_beta,
+                                          s.history_gamma)
+    opt = None if params0 is None else tx.init(params0)
+    return (params0, opt, h) + ((method.init_state(),) if method.stateful else ())
+
+
 def check_first_step(method: Method, setup: Setup, keys: Array, tasks: tuple) -> None:
     """Checked mode on the first step: step 0 of every seed of `method`, with
     `sera_jax.checks`' value checks on what the step handed the library and got back: the
@@ -243,10 +259,8 @@ def check_first_step(method: Method, setup: Setup, keys: Array, tasks: tuple) ->
     def first(params0, raw_key, train):
         k_data, k_roll = jax.random.split(jax.random.fold_in(
             jax.random.wrap_key_data(raw_key), 1))
-        h = history_lib.SuccessHistory.create(s.num_train, s.history_alpha, s.history_beta,
-                                              s.history_gamma)
-        _, (_, counts, probe) = step((params0, tx.init(params0), h), jnp.int32(0), train,
-                                     k_data, k_roll)
+        _, (_, counts, probe) = step(initial_carry(method, setup, tx, params0), jnp.int32(0),
+                                     train, k_data, k_roll)
         return counts, probe
 
     train, _, params0 = tasks
@@ -274,7 +288,8 @@ def rollout_stream(k_roll: Array, stream: Array) -> Array:
 def batch_gradient(method: Method, setup: Setup, params: Any, train: Any, ids: Array,
                    p_hat: Array, post: tuple[Array, Array], u: Array,
                    shuffle_key: Array | None = None, shuffle: Array | bool = True,
-                   multiplicity: Array | None = None) -> tuple[Any, Array, dict[str, Any]]:
+                   multiplicity: Array | None = None, alloc_state: Any = None
+                   ) -> tuple[Any, Array, dict[str, Any]]:
     """One batch's (∇ surrogate loss, loss, aux): steps 3-5 of the module docstring.
 
     The plan (`rollout_plan`, after the pilot of a two-stage method), rollout row r = rollout
@@ -285,8 +300,10 @@ def batch_gradient(method: Method, setup: Setup, params: Any, train: Any, ids: A
     rewards are kept, their assignment to rollouts is lost), applied where `shuffle` (a
     traced switch: one program for the arm and its null) is true. `multiplicity` (traced, or
     None: the method's): false replaces the plan's weights by 1{N_q > 0}, the ablation's
-    (`Method.prompt_weights`), so a method and its ablation are one program. aux: plan,
-    rewards, k1 (the pilot's successes or None). Pure: jit/vmap-able (tests vmap it over many u).
+    (`Method.prompt_weights`), so a method and its ablation are one program. `alloc_state`: a
+    stateful method's allocator state (None: a fresh one); its next state is
+    `aux["plan"].state`. aux: plan, rewards, k1 (the pilot's successes or None). Pure:
+    jit/vmap-able (tests vmap it over many u).
     """
     fam = FAMILIES[setup.family]
     num_p = setup.prompts_per_step
@@ -303,7 +320,7 @@ def batch_gradient(method: Method, setup: Setup, params: Any, train: Any, ids: A
         q = jnp.repeat(jnp.arange(num_p), pilot)
         j = jnp.tile(jnp.arange(pilot), num_p)
         k1 = jnp.sum(draw(q, j)[1].reshape(num_p, pilot), axis=1)
-    plan = rollout_plan(method, setup, p_hat, post, k1)
+    plan = rollout_plan(method, setup, p_hat, post, k1, alloc_state)
     if multiplicity is not None:
         plan = plan._replace(prompt_weights=jnp.where(
             multiplicity, plan.prompt_weights, (plan.counts > 0).astype(jnp.float32)))
@@ -349,9 +366,15 @@ def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation,
         return dynamic.make_step(method, setup, tx, shuffle)
     num_p = setup.prompts_per_step
     fam = FAMILIES[setup.family]
+    stateful = method.stateful
 
     def step(carry, t, train, k_data, k_roll, null=False, multiplicity=True):
-        params, opt_state, h = carry
+        if stateful != (len(carry) == 4):
+            raise ValueError(f"method {method.name!r}: the carry must be (params, opt_state, "
+                             "history" + (", allocator state)" if stateful else ")")
+                             + f", got {len(carry)} parts (`initial_carry`)")
+        params, opt_state, h = carry[:3]
+        alloc_state = carry[3] if stateful else None
         h, ids = epoch_batch(setup, h, t, k_data)
         p_hat = history_lib.lookup(h, ids)
         u = rollout_uniforms(setup, k_roll, t)
@@ -359,7 +382,7 @@ def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation,
                        if shuffle else None)
         grads, loss, aux = batch_gradient(method, setup, params, train, ids, p_hat,
                                           history_posterior(h, ids), u, shuffle_key, null,
-                                          multiplicity if weight_switch else None)
+                                          multiplicity if weight_switch else None, alloc_state)
         plan, rewards, k1 = aux["plan"], aux["rewards"], aux["k1"]
         counts, seg = plan.counts, plan.segment_ids
         exact = exact_gradient(setup.family, params, train, ids)
@@ -389,10 +412,11 @@ def _make_step(method: Method, setup: Setup, tx: optax.GradientTransformation,
             loss,
             setup.budget,
         ]).astype(jnp.float32)
+        carry = (new_params, opt_state, h) + ((plan.state,) if stateful else ())
         if checked:  # the values `check_first_step` checks on the host
-            return (new_params, opt_state, h), (row, counts, dict(
+            return carry, (row, counts, dict(
                 ids=ids, p_hat=p_hat, segment_ids=seg, rewards=rewards, loss=loss,
                 grad_norm=optax.global_norm(grads)))
-        return (new_params, opt_state, h), (row, counts)
+        return carry, (row, counts)
 
     return step

@@ -12,28 +12,54 @@ comparison (and frontier, and lr-matched) numbers, under `results/<kind>/<config
   blind control's per-prompt success probability (`blind_q`).
 
 `sera_jax.studies.paired.recompute` rebuilds the tables from these files alone.
+
+The export is atomic and owned (`export_results`): it is written into a fresh folder beside
+the target and moved into place, so a failed export leaves the previous one whole and a
+re-export replaces every exported file (none of an earlier export is left beside the new
+ones; files no export writes, such as a hand-written `stamp.json`, are kept and named in the
+log). A folder holding another study's export -- another config name, or a config hash that
+is neither this config's nor one its pre-registration's amendments registered -- is refused,
+naming both. `export.json` names the config and its hash and lists every file with its size
+and SHA-256 (`recompute` checks them before it reads anything). Paths inside the exported
+JSON are relative to the repository (the pre-registration) or to the workdir (the start's
+validity report), never a machine's absolute folder. `--stage=export` also refuses a
+pre-registration that is not committed in git (`prereg.require_committed`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_collections
 import numpy as np
+from absl import logging
 
-from sera_jax.records import read_json, write_json
+from sera_jax.records import read_json
 from sera_jax.studies import common
 from sera_jax.studies.paired import frontier as fr
 from sera_jax.studies.paired import matched as mt
-from sera_jax.studies.paired.prereg import preregistration_path
+from sera_jax.studies.paired.prereg import (
+    PREREGISTRATION,
+    comparison_hashes,
+    preregistration_path,
+    read_preregistration,
+    registered,
+)
 from sera_jax.studies.paired.report import gather
-from sera_jax.studies.paired.spec import results_dir
+from sera_jax.studies.paired.spec import comparison_spec, repo_path, repo_root, results_dir
 from sera_jax.studies.paired.validity import VALIDITY
 
 COUNTS = "counts.npz"
+MANIFEST = "export.json"
+#: Every file an export may write besides its manifest (`MANIFEST`).
+EXPORT_FILES = ("comparison.json", "frontier.json", "matched.json", PREREGISTRATION,
+                "sft_validity.json", "config.json", COUNTS)
 
 
 def _put(arrays: dict[str, np.ndarray], key: str, rec: Mapping[str, Any] | None) -> None:
@@ -68,34 +94,159 @@ def data_arrays(data: Mapping[str, Any], prefix: str = "", sft: bool = True
     return out
 
 
+def sha256_file(path: str) -> str:
+    """SHA-256 hex digest of the file at `path`."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def portable_paths(obj: Any, workdir: str, prereg: str | None = None,
+                   prereg_copy: str | None = None) -> Any:
+    """`obj` (JSON) with every absolute path under a `"path"` key made machine-free: the
+    pre-registration `prereg` -> its exported copy `prereg_copy`; a file of the repository ->
+    relative to it; of the workdir -> relative to the workdir; anything else -> its name."""
+    if isinstance(obj, Mapping):
+        out = {}
+        for k, v in obj.items():
+            if k == "path" and isinstance(v, str) and os.path.isabs(v):
+                v = os.path.abspath(v)
+                if prereg and v == os.path.abspath(prereg) and prereg_copy:
+                    v = repo_path(prereg_copy)
+                elif v.startswith(repo_root() + os.sep):
+                    v = repo_path(v)
+                elif v.startswith(os.path.abspath(workdir) + os.sep):
+                    v = os.path.relpath(v, os.path.abspath(workdir))
+                else:
+                    v = os.path.basename(v)
+                out[k] = v
+            else:
+                out[k] = portable_paths(v, workdir, prereg, prereg_copy)
+        return out
+    if isinstance(obj, list):
+        return [portable_paths(v, workdir, prereg, prereg_copy) for v in obj]
+    return obj
+
+
+def export_owner(folder: str) -> dict[str, Any] | None:
+    """{"config", "config_hash" (None when unknown)} of the export in `folder`, from its
+    manifest (or, for an export written before manifests named them, its `config.json`);
+    None when `folder` holds no export."""
+    manifest_path = os.path.join(folder, MANIFEST)
+    config_path = os.path.join(folder, "config.json")
+    if not os.path.exists(manifest_path) and not any(
+            os.path.exists(os.path.join(folder, f)) for f in ("comparison.json", COUNTS)):
+        return None
+    try:
+        manifest = read_json(manifest_path) if os.path.exists(manifest_path) else {}
+        config = read_json(config_path) if os.path.exists(config_path) else {}
+    except (OSError, ValueError) as e:
+        raise common.StudyError(
+            f"{folder} holds an export whose {MANIFEST} / config.json cannot be read "
+            f"({type(e).__name__}: {e}): move the folder away, then export again") from None
+    if not isinstance(manifest, dict) or not isinstance(config, dict):
+        raise common.StudyError(f"{folder} holds files that are not an export of this "
+                                "project: move the folder away, then export again")
+    name = manifest.get("config", config.get("name"))
+    digest = manifest.get("config_hash")
+    if digest is None and config:
+        try:  # an export from before manifests named the hash: its config's
+            digest = comparison_spec(ml_collections.ConfigDict(config))["config_hash"]
+        except Exception:  # noqa: BLE001 -- a config of an older schema: the name decides
+            digest = None
+    return {"config": name, "config_hash": digest}
+
+
+def check_owner(cfg: ml_collections.ConfigDict, folder: str) -> None:
+    """Refuse (StudyError naming both) to export `cfg` into `folder` when it holds the
+    export of another config -- another config name, or a config hash that is neither `cfg`'s
+    nor one its pre-registration registered (the original section or an amendment) -- or
+    the pre-registration of another study."""
+    name, digest = str(cfg.get("name", "")), comparison_spec(cfg)["config_hash"]
+    prereg = preregistration_path(cfg)
+    owner = export_owner(folder)
+    if owner is not None:
+        ours = {digest}
+        if os.path.exists(prereg):
+            hashes = comparison_hashes(read_preregistration(prereg))
+            if digest in hashes:
+                ours |= set(hashes)
+        if owner["config"] != name or (owner["config_hash"] is not None
+                                       and owner["config_hash"] not in ours):
+            raise common.StudyError(
+                f"{folder} holds the export of another study (config {owner['config']!r}, "
+                f"hash {str(owner['config_hash'])[:12]}...), not of this one (config "
+                f"{name!r}, hash {digest[:12]}...): refusing to overwrite it. Export under "
+                "this config's own name (--config.name), or move that folder away first")
+    there = os.path.join(folder, PREREGISTRATION)
+    if os.path.exists(there) and os.path.abspath(there) != os.path.abspath(prereg):
+        try:
+            same = (os.path.exists(prereg) and registered(read_json(there))
+                    == registered(read_preregistration(prereg)))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            same = False
+        if not same:
+            raise common.StudyError(
+                f"{folder} holds the pre-registration of another study ({there}), not the one "
+                f"of config {name!r} ({prereg}): refusing to overwrite it. Export under this "
+                "config's own name (--config.name), or into another folder")
+
+
+def _write_json(path: str, obj: Any) -> None:
+    """`obj` as JSON at `path` (inside the export's private temporary folder)."""
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+
+
+def _swap(new: str, target: str, parent: str) -> None:
+    """Move folder `new` to `target`, replacing the folder there as a whole: the old one is
+    first moved aside (and put back if the move fails), then deleted."""
+    if not os.path.exists(target):
+        os.rename(new, target)
+        return
+    aside = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.old-", dir=parent)
+    os.rename(target, os.path.join(aside, "export"))
+    try:
+        os.rename(new, target)
+    except OSError:
+        os.rename(os.path.join(aside, "export"), target)
+        os.rmdir(aside)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def export_results(cfg: ml_collections.ConfigDict, workdir: str,
                    methods: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
                    out_dir: str | None = None) -> dict[str, Any]:
     """Write the export (module docstring) of the workdir's finished comparison to `out_dir`
-    (default `<repo>/results/<kind>/<config.name>/`); returns {dir, files, bytes}."""
+    (default `<repo>/results/<kind>/<config.name>/`): refused when `out_dir` holds another
+    study's export (`check_owner`); written into a fresh folder beside it, then moved into
+    place. Returns {dir, files, bytes, kept}."""
     results = os.path.join(workdir, "results")
     if not os.path.exists(os.path.join(results, "comparison.json")):
         raise common.StudyError(f"no {os.path.join(results, 'comparison.json')}: run "
                                 "--stage=eval before --stage=export")
-    out_dir = out_dir or results_dir(cfg)
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir = os.path.abspath(out_dir or results_dir(cfg))
+    check_owner(cfg, out_dir)
     methods = list(methods or common.method_names(cfg.compare.methods, "compare.methods"))
     seeds = list(seeds or common.int_list(cfg.compare.seeds, "compare.seeds"))
     sft_dir = os.path.join(workdir, "sft")
     curve = cfg.compare.get("primary") is not None
+    # Everything is read before anything is written.
     data = gather(cfg, workdir, methods, seeds, sft_dir, curve_analysis=curve)
     arrays = data_arrays(data)
     validity = read_json(os.path.join(sft_dir, VALIDITY))
     arrays["blind_q"] = np.asarray(validity["blind_q"], np.float64)
-    manifest: dict[str, Any] = {"methods": methods, "seeds": seeds, "curve_analysis": curve}
-    files = ["comparison.json"]
-    shutil.copyfile(os.path.join(results, "comparison.json"),
-                    os.path.join(out_dir, "comparison.json"))
+    manifest: dict[str, Any] = {"config": str(cfg.get("name", "")),
+                                "config_hash": comparison_spec(cfg)["config_hash"],
+                                "methods": methods, "seeds": seeds, "curve_analysis": curve}
+    prereg = preregistration_path(cfg)
+    prereg_copy = os.path.join(out_dir, PREREGISTRATION) if os.path.exists(prereg) else None
+    jsons = {"comparison.json": read_json(os.path.join(results, "comparison.json"))}
     if os.path.exists(os.path.join(results, "frontier.json")):
-        fout = read_json(os.path.join(results, "frontier.json"))
-        shutil.copyfile(os.path.join(results, "frontier.json"),
-                        os.path.join(out_dir, "frontier.json"))
-        files.append("frontier.json")
+        fout = jsons["frontier.json"] = read_json(os.path.join(results, "frontier.json"))
         manifest["frontier"] = {"methods": fout["methods"], "seeds": fout["seeds"],
                                 "lrs": {name: e["lr"] for name, e in fout["lrs"].items()}}
         for name, e in fout["lrs"].items():
@@ -105,30 +256,62 @@ def export_results(cfg: ml_collections.ConfigDict, workdir: str,
                            sft_dir)
             arrays.update(data_arrays(ldata, f"frontier/{name}/", sft=False))
     if os.path.exists(os.path.join(results, "matched.json")):
-        mout = read_json(os.path.join(results, "matched.json"))
-        shutil.copyfile(os.path.join(results, "matched.json"),
-                        os.path.join(out_dir, "matched.json"))
-        files.append("matched.json")
+        mout = jsons["matched.json"] = read_json(os.path.join(results, "matched.json"))
         if mout.get("dir"):
             mcfg = mt.matched_config(cfg, mout["choice"]["lr"])
             mdata = gather(mcfg, os.path.join(workdir, mout["dir"]), [mout["baseline"]],
                            mout["seeds"], sft_dir)
             arrays.update(data_arrays(mdata, "matched/", sft=False))
-    prereg = preregistration_path(cfg)
-    if os.path.exists(prereg):
-        target = os.path.join(out_dir, "preregistration.json")
-        if os.path.abspath(prereg) != os.path.abspath(target):
-            shutil.copyfile(prereg, target)
-        files.append("preregistration.json")
     # The start's validity report (blind control, distinct answers) beside the counts.
-    shutil.copyfile(os.path.join(sft_dir, VALIDITY), os.path.join(out_dir, "sft_validity.json"))
-    files.append("sft_validity.json")
-    write_json(os.path.join(out_dir, "config.json"), cfg.to_dict())
-    write_json(os.path.join(out_dir, "export.json"), manifest)
-    np.savez_compressed(os.path.join(out_dir, COUNTS), **arrays)
-    files += ["config.json", "export.json", COUNTS]
+    jsons["sft_validity.json"] = validity
+    jsons["config.json"] = cfg.to_dict()
+    parent = os.path.dirname(out_dir)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.export-", dir=parent)
+    except OSError as e:
+        raise common.StudyError(f"cannot write the export into {out_dir}: {parent} is not "
+                                f"writable ({e.strerror or e}); export to a writable results "
+                                "folder (fix its permissions)") from None
+    try:
+        files = []
+        for name, obj in jsons.items():
+            _write_json(os.path.join(tmp, name),
+                        portable_paths(obj, workdir, prereg, prereg_copy))
+            files.append(name)
+        if prereg_copy:
+            shutil.copyfile(prereg, os.path.join(tmp, PREREGISTRATION))
+            files.append(PREREGISTRATION)
+        np.savez_compressed(os.path.join(tmp, COUNTS), **arrays)
+        files.append(COUNTS)
+        manifest["files"] = {f: {"bytes": os.path.getsize(os.path.join(tmp, f)),
+                                 "sha256": sha256_file(os.path.join(tmp, f))}
+                             for f in sorted(files)}
+        _write_json(os.path.join(tmp, MANIFEST), manifest)
+        # Files no export writes (a hand-written stamp) stay, named in the log.
+        kept = sorted(f for f in (os.listdir(out_dir) if os.path.isdir(out_dir) else [])
+                      if f not in EXPORT_FILES and f != MANIFEST)
+        for f in kept:
+            src = os.path.join(out_dir, f)
+            (shutil.copytree if os.path.isdir(src) else shutil.copy2)(
+                src, os.path.join(tmp, f))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's folder is private
+        _swap(tmp, out_dir, parent)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise common.StudyError(f"cannot write the export into {out_dir}: "
+                                f"{e.strerror or e} ({getattr(e, 'filename', None) or tmp}); "
+                                "nothing was replaced: fix the folder's permissions or free "
+                                "space, then export again") from None
+    if kept:
+        logging.warning("%s: kept %s (not written by the export): check that it still "
+                        "describes this export", out_dir, ", ".join(kept))
+    files.append(MANIFEST)
     size = sum(os.path.getsize(os.path.join(out_dir, f)) for f in files)
-    return {"dir": out_dir, "files": files, "bytes": size}
+    return {"dir": out_dir, "files": files, "bytes": size, "kept": kept}
 
 
-__all__ = ["COUNTS", "data_arrays", "export_results"]
+__all__ = ["COUNTS", "EXPORT_FILES", "MANIFEST", "check_owner", "data_arrays",
+           "export_owner", "export_results", "portable_paths", "sha256_file"]

@@ -45,6 +45,7 @@ import numpy as np
 
 from sera_jax.records import log_timing, write_json
 from sera_jax.studies import compare as cmp
+from sera_jax.studies.compare import above_frontier
 from sera_jax.studies.paired.figures import plot_frontier
 from sera_jax.studies.paired.kinds import get_kind
 from sera_jax.studies.paired.prereg import check_preregistration
@@ -63,7 +64,7 @@ from sera_jax.studies.paired.spec import (
     lr_config,
 )
 from sera_jax.studies.paired.stages import run_plan
-from sera_jax.studies.paired.tables import exploratory_banner
+from sera_jax.studies.paired.tables import exploratory_banner, prereg_lines
 from sera_jax.studies.paired.validity import require_readable
 
 
@@ -141,17 +142,6 @@ def frontier_distance(reference: Sequence[tuple[Sequence[float], Sequence[float]
         lo, hi = (float(q) for q in np.quantile(stats, [(1 - level) / 2, (1 + level) / 2]))
     return {"mean": est, "lo": lo, "hi": hi, "defined_share": len(stats) / int(num_resamples),
             "resamples": int(num_resamples)}
-
-
-def above_frontier(points: Sequence[tuple[float, float]],
-                   reference: Sequence[tuple[float, float]]) -> list[float | None]:
-    """For each (x, y) of `points`: y minus the `reference` frontier's y at x (linear
-    interpolation between the reference points sorted by x); None where x lies outside the
-    reference's x range (no comparison without extrapolation)."""
-    ref = sorted(reference)
-    xs, ys = [r[0] for r in ref], [r[1] for r in ref]
-    return [None if not xs or x < xs[0] or x > xs[-1] else float(y - np.interp(x, xs, ys))
-            for x, y in points]
 
 
 def stage_frontier(cfg: ml_collections.ConfigDict, workdir: str, mesh=None,
@@ -291,10 +281,7 @@ def validity_lines(out: dict[str, Any]) -> list[str]:
         lines.append(f"Task validity: {v['line']}" + (
             " -- **override** (compare.allow_blind_task=True): an exploration."
             if v.get("override") else "."))
-    p = out.get("preregistration")
-    if p:
-        lines.append(f"Pre-registered in {p['path']}"
-                     f"{'' if p.get('committed') else ' (not committed in git)'}.")
+    lines += prereg_lines(out.get("preregistration"))
     return lines
 
 

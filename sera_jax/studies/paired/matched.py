@@ -28,10 +28,14 @@ from sera_jax.records import read_json, write_json
 from sera_jax.studies import common
 from sera_jax.studies import compare as cmp
 from sera_jax.studies.paired.curves import curve_records, window_bootstrap
-from sera_jax.studies.paired.prereg import check_preregistration, preregistration_path
+from sera_jax.studies.paired.prereg import (
+    check_preregistration,
+    preregistration_path,
+    read_preregistration,
+)
 from sera_jax.studies.paired.spec import MATCH_RULE, eval_steps, is_exploratory, matched_spec
 from sera_jax.studies.paired.stages import run_plan
-from sera_jax.studies.paired.tables import exploratory_banner
+from sera_jax.studies.paired.tables import exploratory_banner, prereg_lines
 from sera_jax.studies.paired.validity import require_readable
 
 
@@ -84,7 +88,7 @@ def record_choice(cfg: ml_collections.ConfigDict, choice: dict[str, Any]) -> dic
     """Write the chosen lr into the pre-registration's `lr_matched` before the arm runs; a
     recorded choice that differs (the frontier changed after it) is refused."""
     path = preregistration_path(cfg)
-    saved = read_json(path)
+    saved = read_preregistration(path)
     rec = {k: choice[k] for k in ("lr", "segment", "reason", "target_gain", "uniform_gains",
                                   "start_pass1")}
     if "lr_matched" in saved:
@@ -207,6 +211,7 @@ def matched_markdown(out: dict[str, Any]) -> str:
     if v:
         lines += ["", f"Task validity: {v['line']}" + (" -- override." if v.get("override")
                                                       else ".")]
+    lines += prereg_lines(out.get("preregistration"))
     return "\n".join(lines) + "\n"
 
 

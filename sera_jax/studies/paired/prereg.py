@@ -26,16 +26,24 @@ before any RL run, it holds, per section:
 the file is missing or its endpoint or hash differs from the config; `check_primary` (the
 aggregator) refuses a primary endpoint that differs from the file. `compare.preregistration`
 (default '': the path above) points elsewhere (tests, explorations).
+
+The file is read as data (`read_preregistration`): a missing or malformed field is one
+StudyError naming the file and the field. A file git does not hold as committed (untracked,
+staged only, or modified: `git_committed`) is logged and reported as "not committed in git" in
+every table, and `--stage=export` refuses it (`require_committed`). Every amendment says why
+in its own words: a reason equal to an earlier amendment's is refused.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import re
 import subprocess
 from typing import Any
 
 import ml_collections
+from absl import logging
 
 from sera_jax import loop
 from sera_jax.records import read_json, write_json
@@ -44,6 +52,7 @@ from sera_jax.studies.paired.kinds import get_kind
 from sera_jax.studies.paired.spec import (
     comparison_spec,
     frontier_spec,
+    repo_path,
     results_dir,
 )
 
@@ -51,6 +60,90 @@ PREREGISTRATION = "preregistration.json"
 #: The comparison fields an amendment may change, and only by adding seeds (control arms:
 #: more of them narrow the gate's seed-level band without touching the primary endpoint).
 AMENDABLE = ("compare.null_seeds", "compare.aa_seeds")
+
+
+_HASH = re.compile(r"[0-9a-f]{64}")
+
+
+def _bad(path: str, field: str, what: str) -> common.StudyError:
+    return common.StudyError(
+        f"{path}: pre-registration field {field!r} {what}; the file is not a valid "
+        "pre-registration: restore it from git (git checkout -- <file>) or, if no RL run has "
+        "used it, delete it and run --stage=preregister again")
+
+
+def _field(path: str, record: Any, dotted: str, kind: type, what: str) -> Any:
+    """`record[dotted]` (dotted path), refused unless present and of `kind`."""
+    value, parts = record, dotted.split(".")
+    for i, key in enumerate(parts):
+        if not isinstance(value, dict):
+            raise _bad(path, ".".join(parts[:i]), f"is {value!r}, not a JSON object")
+        if key not in value:
+            raise _bad(path, ".".join(parts[:i + 1]), "is missing")
+        value = value[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise _bad(path, dotted, f"is {value!r}, not {what}")
+    return value
+
+
+def _hash_field(path: str, record: Any, dotted: str) -> None:
+    if not _HASH.fullmatch(_field(path, record, dotted, str, "a SHA-256 hex digest")):
+        raise _bad(path, dotted, "is not a SHA-256 hex digest (64 characters 0-9a-f)")
+
+
+def validate_record(record: Any, path: str) -> dict[str, Any]:
+    """`record` (a pre-registration read from `path`) checked as data: every field the study
+    reads is present and of its type (`comparison.primary`, `.config_hash`, `.fields`, each
+    `frontier` / `lr_matched` section, each amendment's date, reason, changes and hash);
+    returns it, or raises one StudyError naming the file and the first bad field."""
+    if not isinstance(record, dict):
+        raise _bad(path, "<top level>", f"is a {type(record).__name__}, not a JSON object")
+    _field(path, record, "comparison.primary", dict, "a JSON object")
+    for key, kind, what in (("method", str, "a method name"), ("baseline", str, "a method name"),
+                            ("split", str, "a split name"), ("k", int, "an integer"),
+                            ("window", int, "an integer")):
+        _field(path, record, f"comparison.primary.{key}", kind, what)
+    _hash_field(path, record, "comparison.config_hash")
+    _field(path, record, "comparison.fields.arms", dict, "a JSON object")
+    _field(path, record, "comparison.fields.compare", dict, "a JSON object")
+    if "frontier" in record:
+        _hash_field(path, record, "frontier.config_hash")
+    if "lr_matched" in record:
+        _field(path, record, "lr_matched", dict, "a JSON object")
+    amendments = record.get("amendments", [])
+    if not isinstance(amendments, list):
+        raise _bad(path, "amendments", f"is {amendments!r}, not a list")
+    for i, a in enumerate(amendments):
+        where = f"amendments[{i}]"
+        if not isinstance(a, dict):
+            raise _bad(path, where, "is not a JSON object")
+        for key in ("written", "reason"):
+            value = a.get(key)
+            if not isinstance(value, str) or not value.strip():
+                raise _bad(path, f"{where}.{key}",
+                           "is missing" if key not in a else f"is {value!r}, not a text")
+        changed = a.get("changed")
+        if not isinstance(changed, dict) or not changed or not all(
+                isinstance(v, list) and len(v) == 2 and all(isinstance(x, list) for x in v)
+                for v in changed.values()):
+            raise _bad(path, f"{where}.changed", "is missing" if "changed" not in a else
+                       f"is {changed!r}, not {{field: [old seeds, new seeds]}}")
+        if not _HASH.fullmatch(str(a.get("config_hash", ""))):
+            raise _bad(path, f"{where}.config_hash", "is missing" if "config_hash" not in a
+                       else "is not a SHA-256 hex digest (64 characters 0-9a-f)")
+    return record
+
+
+def read_preregistration(path: str) -> dict[str, Any]:
+    """The pre-registration at `path`, read and validated (`validate_record`): unreadable
+    JSON or a missing / malformed field is one StudyError naming the file and the field."""
+    try:
+        record = read_json(path)
+    except (OSError, ValueError) as e:
+        raise common.StudyError(
+            f"{path}: cannot read the pre-registration ({type(e).__name__}: {e}); restore it "
+            "from git (git checkout -- <file>)") from None
+    return validate_record(record, path)
 
 
 def today() -> str:
@@ -88,7 +181,7 @@ def write_preregistration(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     record with its `path`)."""
     path = preregistration_path(cfg)
     sections = _sections(cfg)
-    saved = read_json(path) if os.path.exists(path) else {}
+    saved = read_preregistration(path) if os.path.exists(path) else {}
     for name, spec in list(sections.items()):
         if name == "comparison" and name in saved and spec["config_hash"] in \
                 comparison_hashes(saved)[1:]:
@@ -164,10 +257,16 @@ def write_amendment(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     if not reason:
         raise common.StudyError("--stage=amend needs the reason in config.compare.amendment "
                                 "(one sentence, recorded in the pre-registration)")
-    saved = read_json(path)
+    saved = read_preregistration(path)
     spec = comparison_spec(cfg)
     if spec["config_hash"] in comparison_hashes(saved):
         return {**saved, "path": path}  # already recorded: re-running the stage is a no-op
+    for i, earlier in enumerate(saved.get("amendments", [])):
+        if " ".join(earlier["reason"].split()).lower() == " ".join(reason.split()).lower():
+            raise common.StudyError(
+                f"compare.amendment repeats the reason of amendment {i + 1} in {path} "
+                f"({earlier['written']}: {earlier['reason'][:120]!r}); every amendment needs "
+                "its own reason: say in --config.compare.amendment why these seeds are added")
     latest = dict(saved["comparison"])
     for a in saved.get("amendments", []):  # apply the earlier amendments' seed lists
         fields = loop.canonical(latest["fields"])
@@ -189,18 +288,44 @@ def _differences(saved: dict[str, Any], spec: dict[str, Any]) -> str:
 
 
 def git_committed(path: str) -> bool | None:
-    """Whether `path` is tracked by git with no uncommitted change (None: git cannot tell)."""
+    """Whether `path` is committed: in git's HEAD commit with no change in the index or the
+    working tree. False for an untracked, staged-only or modified file and for a file outside
+    any git repository; None when git itself cannot be run."""
+    path = os.path.abspath(path)
     where = os.path.dirname(path)
     try:
-        tracked = subprocess.run(["git", "-C", where, "ls-files", "--error-unmatch", path],
+        # In HEAD (a staged new file is in the index, not in a commit).
+        in_head = subprocess.run(["git", "-C", where, "cat-file", "-e",
+                                  f"HEAD:./{os.path.basename(path)}"],
                                  capture_output=True, timeout=20)
-        if tracked.returncode != 0:
+        if in_head.returncode != 0:
             return False
-        clean = subprocess.run(["git", "-C", where, "diff", "--quiet", "HEAD", "--", path],
-                               capture_output=True, timeout=20)
+        # No difference between HEAD and the working tree (staged or not).
+        clean = subprocess.run(["git", "-C", where, "diff", "--quiet", "HEAD", "--",
+                                os.path.basename(path)], capture_output=True, timeout=20)
         return clean.returncode == 0
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def uncommitted_reason(committed: bool | None) -> str:
+    """Why a pre-registration does not count as committed (`git_committed`'s answer)."""
+    return ("git cannot be run to tell whether the pre-registration is committed"
+            if committed is None else
+            "the pre-registration is not committed in git (untracked, staged only or modified)")
+
+
+def require_committed(cfg: ml_collections.ConfigDict, what: str = "--stage=export") -> str:
+    """Refuse `what` unless the config's pre-registration exists, matches the config
+    (`check_preregistration`) and is committed in git; returns its path."""
+    path = preregistration_path(cfg)
+    committed = check_preregistration(cfg)["committed"]
+    if not committed:
+        raise common.StudyError(
+            f"{what}: {uncommitted_reason(committed)}: {path}. An export is a pre-registered "
+            "result: commit the file (git add <file> && git commit) before the export -- or "
+            "it stays an exploration, which is not exported")
+    return path
 
 
 def check_preregistration(cfg: ml_collections.ConfigDict, section: str = "comparison"
@@ -213,7 +338,7 @@ def check_preregistration(cfg: ml_collections.ConfigDict, section: str = "compar
            " --stage=preregister` and commit it before any RL run")
     if not os.path.exists(path):
         raise common.StudyError(f"no pre-registration at {path}: {fix}")
-    saved = read_json(path)
+    saved = read_preregistration(path)
     spec = comparison_spec(cfg) if section == "comparison" else frontier_spec(cfg)
     if section not in saved:
         raise common.StudyError(f"{path} has no {section!r} section: {fix}")
@@ -226,17 +351,22 @@ def check_preregistration(cfg: ml_collections.ConfigDict, section: str = "compar
             "pre-register a new config under its own name (a new config.name); adding "
             "control-arm seeds only: say why in compare.amendment and run --stage=amend")
     committed = git_committed(path)
-    return {"path": path, "found": True, "committed": committed, "hash_matches": True,
-            "primary_matches": True}
+    if not committed:
+        logging.warning("%s: %s; this comparison is reported as not committed, and "
+                        "--stage=export refuses it until the file is committed",
+                        path, uncommitted_reason(committed))
+    return {"path": repo_path(path), "found": True, "committed": committed,
+            "hash_matches": True, "primary_matches": True}
 
 
 def check_primary(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     """The aggregator's check: a primary endpoint that differs from the pre-registration's is
     refused; a missing file or a changed config hash is recorded, not refused."""
     path = preregistration_path(cfg)
-    if not os.path.exists(path) or "comparison" not in read_json(path):
-        return {"path": path, "found": False}
-    saved = read_json(path)["comparison"]
+    if not os.path.exists(path):
+        return {"path": repo_path(path), "found": False}
+    record = read_preregistration(path)
+    saved = record["comparison"]
     spec = comparison_spec(cfg)
     if loop.canonical(saved["primary"]) != loop.canonical(spec["primary"]):
         raise common.StudyError(
@@ -244,10 +374,10 @@ def check_primary(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
             f"pre-registered primary endpoint in {path}: {saved['primary']}; the primary "
             "cannot change after the pre-registration (read the other endpoint among the "
             "secondary ones)")
-    hashes = comparison_hashes(read_json(path))
+    hashes = comparison_hashes(record)
     amendments = [{k: a[k] for k in ("written", "reason", "changed")}
-                  for a in read_json(path).get("amendments", [])]
-    return {"path": path, "found": True, "committed": git_committed(path),
+                  for a in record.get("amendments", [])]
+    return {"path": repo_path(path), "found": True, "committed": git_committed(path),
             "primary_matches": True, "hash_matches": spec["config_hash"] in hashes,
             "config_hash": spec["config_hash"] if spec["config_hash"] in hashes
             else saved["config_hash"], "amendments": amendments}
@@ -255,4 +385,5 @@ def check_primary(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
 
 __all__ = ["AMENDABLE", "PREREGISTRATION", "amendment_changes", "check_preregistration",
            "check_primary", "comparison_hashes", "git_committed", "preregistration_path",
-           "registered", "today", "write_amendment", "write_preregistration"]
+           "read_preregistration", "registered", "require_committed", "today",
+           "uncommitted_reason", "validate_record", "write_amendment", "write_preregistration"]

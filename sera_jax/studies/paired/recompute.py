@@ -15,11 +15,23 @@ arithmetic):
 Only the fields that are not functions of the counts are read from `comparison.json`: the
 runs' generated rollouts / tokens, training reward and allocator diagnostics (`RUN_FIELDS`,
 per seed) and the per-step diagnostics. `compare_numbers` lists every number that differs.
+
+Bad input is one line (`main`: `error: <file>: <what is wrong>; <fix>`, exit status 1),
+never a traceback: a missing or empty folder, a missing, empty, truncated or non-JSON file,
+a `counts.npz` that is not a NumPy archive (read with `allow_pickle=False`: nothing in an
+export is ever unpickled), files that do not belong together. `load_export` first checks
+every file against the SHA-256 that `export.json` lists for it, so a folder mixing two
+exports (or a file changed after the export) is named before anything is computed; an export
+written before the manifest listed hashes is read with a note that its files are unverified.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import zipfile
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,12 +40,12 @@ import numpy as np
 
 from sera_jax.loop import canonical
 from sera_jax.metrics import pass_at_k_curve
-from sera_jax.records import read_json
+from sera_jax.studies import common
 from sera_jax.studies import compare as cmp
 from sera_jax.studies.paired import frontier as fr
 from sera_jax.studies.paired import matched as mt
 from sera_jax.studies.paired.evaluation import pass1_distribution
-from sera_jax.studies.paired.export import COUNTS
+from sera_jax.studies.paired.export import COUNTS, EXPORT_FILES, MANIFEST, sha256_file
 from sera_jax.studies.paired.frontier import frontier_markdown
 from sera_jax.studies.paired.kinds.base import blind_pass_at_k
 from sera_jax.studies.paired.report import RUN_FIELDS, build_table
@@ -134,24 +146,147 @@ def recompute_validity(cfg: ml_collections.ConfigDict, counts: Mapping[str, np.n
             "override": bool(s["allow_blind_task"] and not check["passes"])}
 
 
+class ExportError(common.StudyError):
+    """An export folder or file that cannot be recomputed (the message names it)."""
+
+
+#: The fix named by every refusal of a damaged export file.
+_RESTORE = "restore the folder from git (git checkout -- <folder>) or export it again"
+
+
+def read_export_json(folder: str, name: str, kind: type = dict) -> Any:
+    """`folder/name` parsed, or one ExportError naming the file and what is wrong with it."""
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        raise ExportError(f"{path}: missing; an export folder holds {MANIFEST}, config.json, "
+                          f"comparison.json and {COUNTS} (--stage=export writes them)")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        if not raw.strip():
+            raise ExportError(f"{path}: empty (a truncated copy?); {_RESTORE}")
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ExportError(f"{path}: not UTF-8 text (byte {e.start}): not a file of an export; "
+                          f"{_RESTORE}") from None
+    except json.JSONDecodeError as e:
+        raise ExportError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: "
+                          f"{e.msg}): truncated or corrupt; {_RESTORE}") from None
+    except OSError as e:
+        raise ExportError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if not isinstance(obj, kind):
+        raise ExportError(f"{path}: a JSON {type(obj).__name__}, not the {kind.__name__} an "
+                          f"export writes; {_RESTORE}")
+    return obj
+
+
+def read_counts(path: str) -> dict[str, np.ndarray]:
+    """The arrays of `counts.npz`, read with `allow_pickle=False`; one ExportError naming
+    the file for a missing, empty, truncated or non-NumPy file or an object array."""
+    if not os.path.isfile(path):
+        raise ExportError(f"{path}: missing; {_RESTORE}")
+    if os.path.getsize(path) == 0:
+        raise ExportError(f"{path}: empty (a truncated copy?); {_RESTORE}")
+    try:
+        z = np.load(path, allow_pickle=False)
+        if not hasattr(z, "files"):
+            raise ExportError(f"{path}: one array, not the .npz archive of per-prompt "
+                              f"counts an export writes; {_RESTORE}")
+        with z:
+            return {k: z[k] for k in z.files}
+    except ExportError:
+        raise
+    except ValueError as e:
+        what = ("holds Python objects (an export holds only numbers; it is not unpickled)"
+                if "pickle" in str(e) else f"not a NumPy archive ({e})")
+        raise ExportError(f"{path}: {what}; {_RESTORE}") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, KeyError) as e:
+        raise ExportError(f"{path}: truncated or corrupt ({type(e).__name__}: "
+                          f"{str(e)[:200]}); {_RESTORE}") from None
+
+
+def check_files(folder: str, manifest: Mapping[str, Any]) -> list[str]:
+    """Check the export's files against the SHA-256 its manifest lists (ExportError naming
+    the first that differs, is missing, or is an export file the manifest does not list: a
+    folder mixing two exports); returns notes (an export without hashes: unverified)."""
+    listed = manifest.get("files")
+    if listed is None:
+        return [f"note: {os.path.join(folder, MANIFEST)} lists no file hashes (an export "
+                "written before they existed): its files are not verified against it"]
+    if not isinstance(listed, Mapping) or not all(
+            isinstance(v, Mapping) and isinstance(v.get("sha256"), str)
+            for v in listed.values()):
+        raise ExportError(f"{os.path.join(folder, MANIFEST)}: 'files' is not "
+                          f"{{file: {{bytes, sha256}}}}; {_RESTORE}")
+    for name, entry in sorted(listed.items()):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            raise ExportError(f"{path}: missing, but {MANIFEST} lists it; {_RESTORE}")
+        if sha256_file(path) != entry["sha256"]:
+            raise ExportError(
+                f"{path}: its SHA-256 differs from the one {MANIFEST} lists: the file was "
+                f"changed after the export or belongs to another export (a folder mixing two "
+                f"studies); {_RESTORE}")
+    strays = sorted(f for f in EXPORT_FILES if f not in listed
+                    and os.path.exists(os.path.join(folder, f)))
+    if strays:
+        raise ExportError(
+            f"{folder}: {', '.join(strays)} {'is' if len(strays) == 1 else 'are'} not in "
+            f"{MANIFEST}'s file list: left from another export (a folder mixing two studies); "
+            "move them away or export the study again into a clean folder")
+    return []
+
+
+def load_export(folder: str) -> dict[str, Any]:
+    """The export in `folder`, checked before anything is computed: {cfg, manifest,
+    comparison (the saved table), counts, notes}. ExportError naming the folder or file."""
+    if not os.path.isdir(folder):
+        raise ExportError(f"{folder}: no such folder; pass an export folder, e.g. "
+                          "results/maze/maze_cpu_read")
+    if not any(os.path.exists(os.path.join(folder, f)) for f in (MANIFEST, *EXPORT_FILES)):
+        raise ExportError(f"{folder}: not an export folder (it holds none of {MANIFEST}, "
+                          "config.json, comparison.json, counts.npz); pass the folder "
+                          "--stage=export wrote, e.g. results/maze/maze_cpu_read")
+    manifest = read_export_json(folder, MANIFEST)
+    notes = check_files(folder, manifest)
+    for key, kind in (("methods", list), ("curve_analysis", bool)):
+        if not isinstance(manifest.get(key), kind):
+            raise ExportError(f"{os.path.join(folder, MANIFEST)}: field {key!r} is "
+                              f"{'missing' if key not in manifest else repr(manifest[key])}, "
+                              f"not a {kind.__name__}; {_RESTORE}")
+    config = read_export_json(folder, "config.json")
+    for field in ("name", "eval", "compare", "rl"):
+        if field not in config:
+            raise ExportError(f"{os.path.join(folder, 'config.json')}: no {field!r} field: "
+                              f"not the config of a paired study; {_RESTORE}")
+    if manifest.get("config") is not None and manifest["config"] != config["name"]:
+        raise ExportError(
+            f"{folder}: {MANIFEST} is the export of {manifest['config']!r} but config.json is "
+            f"{config['name']!r}'s: the folder mixes two studies; {_RESTORE}")
+    saved = read_export_json(folder, "comparison.json")
+    counts = read_counts(os.path.join(folder, COUNTS))
+    return {"cfg": ml_collections.ConfigDict(config), "manifest": manifest,
+            "comparison": saved, "counts": counts, "notes": notes}
+
+
 def recompute(folder: str) -> dict[str, Any]:
-    """{"comparison": table, "frontier": out | None, "matched": result | None} rebuilt from
-    the export in `folder` (module docstring)."""
-    cfg = ml_collections.ConfigDict(read_json(os.path.join(folder, "config.json")))
-    manifest = read_json(os.path.join(folder, "export.json"))
-    saved = read_json(os.path.join(folder, "comparison.json"))
-    with np.load(os.path.join(folder, COUNTS)) as z:
-        counts = {k: z[k] for k in z.files}
+    """{"comparison": table, "frontier": out | None, "matched": result | None, "notes"}
+    rebuilt from the export in `folder` (module docstring); ExportError for a folder or
+    file that is not a whole export (`load_export`)."""
+    export = load_export(folder)
+    cfg, manifest, saved, counts = (export[k] for k in ("cfg", "manifest", "comparison",
+                                                        "counts"))
     data = load_data(cfg, counts, saved)
     if saved.get("validity") is not None:
         data["validity"] = recompute_validity(cfg, counts, saved["validity"])
     table = build_table(cfg, data, manifest["methods"], manifest["curve_analysis"])
     if "preregistration" in saved:
         table["preregistration"] = saved["preregistration"]
-    out: dict[str, Any] = {"comparison": table, "frontier": None, "matched": None}
+    out: dict[str, Any] = {"comparison": table, "frontier": None, "matched": None,
+                           "notes": export["notes"]}
     fpath = os.path.join(folder, "frontier.json")
     if os.path.exists(fpath):
-        fsaved = read_json(fpath)
+        fsaved = read_export_json(folder, "frontier.json")
         k, window = int(fsaved["k"]), int(fsaved["window"])
         level = float(cfg.compare.level)
         fout = {key: fsaved[key] for key in fsaved if key not in (
@@ -175,8 +310,9 @@ def recompute(folder: str) -> dict[str, Any]:
         fout.update(fr.summarise(fout, cfg.compare.baseline, k))
         out["frontier"] = fout
     mpath = os.path.join(folder, "matched.json")
-    if os.path.exists(mpath) and read_json(mpath).get("result", {}).get("ran"):
-        m = read_json(mpath)
+    if os.path.exists(mpath) and read_export_json(folder, "matched.json").get(
+            "result", {}).get("ran"):
+        m = read_export_json(folder, "matched.json")
         mcfg = mt.matched_config(cfg, m["choice"]["lr"])
         mdata = load_data(mcfg, counts, None, "matched/", data["points"])
         sera = {s: r["curve"] for s, r in data["runs"][m["method"]].items()}
@@ -224,8 +360,23 @@ def compare_numbers(recomputed: Any, saved: Any, tol: float = 0.0) -> list[str]:
 
 def main(folder: str) -> int:
     """Print the recomputed tables and the check against the saved JSON (exit status 1 on a
-    difference)."""
+    difference); a folder or file that is not a whole export, or files that do not fit
+    together, is one line on stderr (`error: ...`) and exit status 1, never a traceback."""
+    try:
+        return _main(folder)
+    except common.StudyError as e:
+        print(f"error: {e}", file=sys.stderr)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        print(f"error: {folder}: the export's files do not fit together ({type(e).__name__}: "
+              f"{str(e)[:200]}): a file of another study or of another version; {_RESTORE}",
+              file=sys.stderr)
+    return 1
+
+
+def _main(folder: str) -> int:
     out = recompute(folder)
+    for note in out["notes"]:
+        print(note)
     print(comparison_markdown(out["comparison"]))
     status = 0
     checks = [("comparison", out["comparison"], "comparison.json", None)]
@@ -235,7 +386,7 @@ def main(folder: str) -> int:
     if out["matched"] is not None:
         checks.append(("matched", out["matched"], "matched.json", "result"))
     for name, got, file, sub in checks:
-        saved = read_json(os.path.join(folder, file))
+        saved = read_export_json(folder, file)
         saved = saved[sub] if sub else saved
         skip = ("preregistration",) if name != "matched" else ()
         bad = compare_numbers(got, {k: v for k, v in saved.items() if k not in skip},
@@ -247,4 +398,5 @@ def main(folder: str) -> int:
     return status
 
 
-__all__ = ["compare_numbers", "load_data", "main", "recompute", "recompute_validity"]
+__all__ = ["ExportError", "check_files", "compare_numbers", "load_data", "load_export", "main",
+           "read_counts", "read_export_json", "recompute", "recompute_validity"]

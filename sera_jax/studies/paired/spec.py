@@ -293,10 +293,14 @@ COMPARE_OMIT = ("preregistration", "amendment", "exploratory")
 
 def comparison_fields(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     """What defines the comparison: each arm's run fingerprint (`setup.rl_fingerprint` with
-    `OMIT` left out) and `config.compare` (validity defaults filled, `COMPARE_OMIT` out)."""
+    `OMIT` left out) and `config.compare` (validity defaults filled, `COMPARE_OMIT` out, and
+    a field set to None left out as unset: every paired config has the same `compare`
+    fields, and one that is unused there -- `aa_seeds` without an A/A arm, `primary` of an
+    exploration -- is None, so the configs that predate the field keep their hash)."""
     methods = common.method_names(cfg.compare.methods, "compare.methods")
     seeds = common.int_list(cfg.compare.seeds, "compare.seeds")
-    compare = {**VALIDITY_DEFAULTS, **loop.canonical(cfg.compare.to_dict())}
+    compare = {**VALIDITY_DEFAULTS, **{k: v for k, v in loop.canonical(
+        cfg.compare.to_dict()).items() if v is not None}}
     for key in COMPARE_OMIT:
         compare.pop(key, None)
     return {"arms": arm_fields(cfg, methods, seeds), "compare": compare}
@@ -351,6 +355,13 @@ def repo_root() -> str:
     """The repository holding this package (`results/` lives there)."""
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))))
+
+
+def repo_path(path: str) -> str:
+    """`path` as outputs record it: relative to the repository when inside it (a committed
+    file names no machine's folders), else absolute."""
+    path, root = os.path.abspath(path), repo_root()
+    return os.path.relpath(path, root) if path.startswith(root + os.sep) else path
 
 
 def results_dir(cfg: ml_collections.ConfigDict) -> str:

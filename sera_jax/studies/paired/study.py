@@ -24,6 +24,7 @@ from sera_jax.studies.paired.frontier import frontier_markdown, stage_frontier
 from sera_jax.studies.paired.matched import matched_markdown, stage_matched
 from sera_jax.studies.paired.prereg import (
     check_preregistration,
+    require_committed,
     write_amendment,
     write_preregistration,
 )
@@ -59,6 +60,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
         logging.info("amended pre-registration of %s: %s (commit it before the runs it adds)",
                      cfg.get("name"), record["path"])
         return record
+    if stage == "export":  # a result: its pre-registration matches and is committed
+        require_committed(cfg)
     workdir = common.prepare_workdir(workdir)
     if stage in ("rl", "all", "compare") and not plan.exploratory:
         check_preregistration(cfg, "comparison")  # the committed file, before any work

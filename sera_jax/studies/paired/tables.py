@@ -230,6 +230,17 @@ def _prereg_note(table: dict[str, Any]) -> str:
     return "" if table["primary"]["preregistered"] else "; NOT pre-registered in this workdir"
 
 
+def prereg_lines(p: dict[str, Any] | None) -> list[str]:
+    """The pre-registration under a frontier or matched table: where it is, and "not
+    committed in git" whenever git does not hold it as committed."""
+    if not p:
+        return []
+    if p.get("exploratory"):
+        return [f"**{EXPLORATORY}**."]
+    return [f"Pre-registered in {p['path']}"
+            f"{'' if p.get('committed') else ' (**not committed in git**)'}."]
+
+
 def _two_level(e: dict[str, Any] | None, prompts: str) -> str:
     if not e:
         return ""

@@ -143,7 +143,8 @@ def validity_record(cfg: ml_collections.ConfigDict, sft_dir: str) -> dict[str, A
             "distinct_sft_answers": report["distinct_sft_answers"],
             "seen_in_sft": report["seen_in_sft"],
             "num_prompts": report.get("num_prompts", report.get("num_mazes")),
-            "path": os.path.join(sft_dir, VALIDITY)}
+            # Relative to the workdir: outputs name no machine's folders.
+            "path": os.path.join(os.path.basename(os.path.normpath(sft_dir)), VALIDITY)}
 
 
 def require_readable(cfg: ml_collections.ConfigDict, sft_dir: str, what: str
@@ -158,9 +159,9 @@ def require_readable(cfg: ml_collections.ConfigDict, sft_dir: str, what: str
             raise common.StudyError(
                 f"{what}: the {w.start_long} does not clearly read the {w.prompt}: "
                 f"{'; '.join(rec['reasons'])} ({w.blind} guesser: {w.blind_note}; "
-                f"{rec['path']}). A comparison there measures guessing: choose a task / start "
-                f"where the start reads the {w.prompt}, or set --config.{OVERRIDE} for a "
-                "documented exploration (recorded in the outputs)")
+                f"{os.path.join(sft_dir, VALIDITY)}). A comparison there measures guessing: "
+                f"choose a task / start where the start reads the {w.prompt}, or set "
+                f"--config.{OVERRIDE} for a documented exploration (recorded in the outputs)")
         logging.warning("%s: %s; running anyway (%s: a documented exploration)", what,
                         rec["line"], OVERRIDE)
     return rec

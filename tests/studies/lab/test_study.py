@@ -177,6 +177,23 @@ def test_a_new_allocator_runs_as_a_method(tmp_path, monkeypatch):
     assert "| toy |" in out["summary"]
 
 
+def test_the_2026_peers_run_in_the_study(tmp_path):
+    """vip, gdro (its state in the carry, checked first step) and pilot_commit (its pilot
+    drawn by the lab) run by name in the study's main cell and report."""
+    c = _tiny()
+    c.compare.methods = ("uniform", "vip", "gdro", "pilot_commit")
+    c.compare.checked_methods = ("gdro",)
+    c.report.challengers = ()
+    c.maze_family.enabled = c.maze_cell.enabled = c.regime.enabled = False
+    out = study.run(c, str(tmp_path))
+    setup = train.setup_from_config(c)
+    for name in ("vip", "gdro", "pilot_commit"):
+        counts = out["main"][name]["counts"]
+        assert (counts.sum(-1) == setup.budget).all(), name
+        assert counts.min() >= setup.n_min and counts.max() <= setup.n_max, name
+        assert f"| {name} |" in out["summary"]
+
+
 # Slow: eight programs (2 lrs × 2 methods, 2 θ, the main cell); the sweep's gate and table
 # stay in the fast suite (test_lr_sweep_on_the_maze_family_runs_its_cell).
 @pytest.mark.slow
@@ -194,6 +211,9 @@ def test_lr_sweep_gates_each_lr_and_tables_theta(tmp_path):
     assert rows[0.0]["admissible"] is False and rows[0.0]["gate"]["mean"] == 0.0
     s = out["summary"]
     assert "| 0.0 | +0.00 [+0.00, +0.00] (n.s.) ✗ |" in s
+    # Every method's frontier against uniform's, from the per-seed values the rows keep.
+    assert len(rows[0.5]["per_seed"]["sera"]["pass@16"]) == 8
+    assert "Frontier gap vs uniform: pass@16 at matched pass@1" in s and "| sera |" in s
     if rows[0.5]["admissible"]:
         assert "Selected lr (admissible, best uniform pass@16): **0.5**" in s
         assert "| 0.2 |" in s and "θ sensitivity at lr 0.5" in s

@@ -124,6 +124,48 @@ def test_two_stage_method_in_the_lab(tasks):
     assert np.isfinite(run["pass_at_k"]).all()
 
 
+@pytest.mark.parametrize("name", ["vip", "gdro", "pilot_commit"])
+def test_2026_peers_in_the_lab(tasks, name):
+    """The 2026 peers run by name (pilot_commit with its pilot drawn, gdro with its state in
+    the carry): the budget exactly, counts in bounds, finite results."""
+    run = _run(name, tasks)
+    c = run["counts"]
+    assert (c.sum(-1) == SETUP.budget).all()
+    assert c.min() >= SETUP.n_min and c.max() <= SETUP.n_max
+    assert np.isfinite(run["pass_at_k"]).all()
+    if name == "pilot_commit":  # no uniform first epoch: it allocates from its pilot
+        assert (c[:, : SETUP.steps_per_epoch] != SETUP.n0).any()
+
+
+def test_gdro_carries_its_state_across_steps(tasks):
+    """The lab's carry holds gdro's controller: fresh at step 0, moved once p̂ is seen (epoch
+    2), fed to the next step; a three-part carry is refused; the checked first step passes."""
+    import jax
+    import jax.numpy as jnp
+
+    from sera_jax import optim
+
+    method = methods.get_method("gdro")
+    keys, (tr, _, params) = tasks
+    tx = optim.make_optimizer(dict(SETUP.optimizer))
+    one = lambda x: x[0]  # noqa: E731  (seed 0)
+    tr0, p0 = jax.tree.map(one, tr), jax.tree.map(one, params)
+    k_data, k_roll = jax.random.split(jax.random.fold_in(jax.random.wrap_key_data(keys[0]), 1))
+    step = jax.jit(train._make_step(method, SETUP, tx))
+    carry = train.initial_carry(method, SETUP, tx, p0)
+    assert len(carry) == 4 and np.isnan(float(carry[3].log_price))
+    prices = []
+    for t in range(2 * SETUP.steps_per_epoch):
+        carry, (_, counts) = step(carry, jnp.int32(t), tr0, k_data, k_roll)
+        assert int(counts.sum()) == SETUP.budget
+        prices.append(float(carry[3].log_price))
+    spe = SETUP.steps_per_epoch
+    assert np.isnan(prices[:spe]).all() and np.isfinite(prices[spe:]).all()  # epoch 1 unseen
+    with pytest.raises(ValueError, match="allocator state"):
+        step(carry[:3], jnp.int32(0), tr0, k_data, k_roll)
+    train.check_first_step(method, SETUP, keys, tasks[1])
+
+
 def test_setup_validation():
     with pytest.raises(ValueError, match="multiple of prompts_per_step"):
         train.Setup(num_train=10, prompts_per_step=4)

@@ -447,6 +447,7 @@ def test_export_and_recompute_reproduce_the_tables(pipeline, tmp_path):
     """--stage=export writes the raw results; recompute rebuilds every number of the
     comparison from those files alone, equal to the aggregator's, and the same markdown."""
     cfg, work, _, _, _ = pipeline
+    from sera_jax.studies.paired import export as export_lib
     from sera_jax.studies.paired import recompute
     from sera_jax.studies.paired.export import export_results
 
@@ -463,13 +464,25 @@ def test_export_and_recompute_reproduce_the_tables(pipeline, tmp_path):
     bad = recompute.compare_numbers(got, {k: v for k, v in saved.items()
                                           if k != "preregistration"})
     assert bad == []  # bit-identical: the same functions on the same integer counts
+    # The same markdown; the export names its own copy of the pre-registration (no path
+    # inside an export points at the machine's folders).
+    assert saved["validity"]["path"] == "sft/validity.json"
     assert study.comparison_markdown(got) == open(
-        os.path.join(work, "results", "comparison.md")).read()
+        os.path.join(work, "results", "comparison.md")).read().replace(
+        cfg.compare.preregistration, os.path.join(folder, "preregistration.json"))
     # The check bites: a changed count changes a number.
     z = dict(np.load(os.path.join(folder, "counts.npz")))
     key = "run/sera/0/final/eval"
     z[key] = np.minimum(z[key] + 1, cfg.eval.num_samples).astype(np.int16)
     np.savez_compressed(os.path.join(folder, "counts.npz"), **z)
+    # The manifest's hash names the changed file first ...
+    with pytest.raises(recompute.ExportError, match=r"counts\.npz: its SHA-256 differs"):
+        recompute.recompute(folder)
+    # ... and with the manifest updated, the recomputation finds the changed numbers.
+    manifest = json.load(open(os.path.join(folder, "export.json")))
+    manifest["files"]["counts.npz"]["sha256"] = export_lib.sha256_file(
+        os.path.join(folder, "counts.npz"))
+    json.dump(manifest, open(os.path.join(folder, "export.json"), "w"))
     assert recompute.compare_numbers(recompute.recompute(folder)["comparison"], saved)
     # The thin script: exit status 1 on a difference.
     res = subprocess.run([sys.executable, os.path.join(ROOT, "results", "maze", "recompute.py"),
