@@ -292,7 +292,7 @@ COMPARE_OMIT = ("preregistration", "amendment", "exploratory")
 
 
 def comparison_fields(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
-    """What defines the comparison: each arm's run fingerprint (`setup.rl_fingerprint` with
+    """What defines the comparison: each arm's run fingerprint (`rl_fingerprint` with
     `OMIT` left out) and `config.compare` (validity defaults filled, `COMPARE_OMIT` out, and
     a field set to None left out as unset: every paired config has the same `compare`
     fields, and one that is unused there -- `aa_seeds` without an A/A arm, `primary` of an

@@ -171,7 +171,7 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
 def run_plan(cfg: ml_collections.ConfigDict, workdir: str, plan: list[tuple[str, list[int]]],
              mesh=None, *, only: set[int] | None = None, sft_dir: str | None = None,
              resolved: dict[str, methods_lib.Method] | None = None) -> None:
-    """Every (arm, seed) run of `plan` (`setup.rl_plan` / `setup.arms`), seed-major so a
+    """Every (arm, seed) run of `plan` (`spec.rl_plan` / `spec.arms`), seed-major so a
     killed comparison leaves complete pairs behind; `only`: run just these seeds (one
     process per core); `resolved`: each arm's `Method` from `validate`."""
     for seed in sorted({s for _, ss in plan for s in ss}):

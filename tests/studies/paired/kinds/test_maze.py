@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from sera_jax.studies.paired.kinds import maze as blind
+from sera_jax.studies.paired.kinds import maze
 from sera_jax.tasks import maze as maze_lib
 
 
@@ -16,7 +16,7 @@ def task():
 
 
 def test_answer_distribution_is_the_sft_frequency(task):
-    answers, freq = blind.answer_distribution(task)
+    answers, freq = maze.answer_distribution(task)
     paths = [tuple(int(t) for t in p) for p in task.solutions("sft")]
     assert freq.sum() == pytest.approx(1.0)
     for a, f in zip(answers, freq):
@@ -26,9 +26,9 @@ def test_answer_distribution_is_the_sft_frequency(task):
 
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_blind_pass_at_k_equals_enumeration(task, k):
-    answers, freq = blind.answer_distribution(task)
+    answers, freq = maze.answer_distribution(task)
     walls = task.walls("eval")
-    exact = blind.blind_pass_at_k(blind.blind_success(walls, answers, freq), [k])[str(k)]
+    exact = maze.blind_pass_at_k(maze.blind_success(walls, answers, freq), [k])[str(k)]
     # Every ordered k-tuple of guesses with its probability; success = any guess verifies.
     per_maze = []
     for w in walls:
@@ -44,7 +44,7 @@ def test_blind_pass_at_k_equals_enumeration(task, k):
 
 
 def test_task_validity_counts(task):
-    r = blind.task_validity(task, "eval", 6, [1, 4])
+    r = maze.task_validity(task, "eval", 6, [1, 4])
     paths = {tuple(int(t) for t in p) for p in task.solutions("eval")}
     assert r["distinct_answers"] == len(paths)
     assert r["num_prompts"] == 6 and len(r["blind_q"]) == 6
@@ -54,6 +54,6 @@ def test_task_validity_counts(task):
 def test_nine_by_nine_default_is_guessable():
     # The issue-37 finding, recomputed: 9x9 Prim's mazes at the old default's splits.
     task = maze_lib.MazeTask(9, num_train=256, num_eval=128, num_sft=4000, seed=0)
-    r = blind.task_validity(task, "eval", 128, [1, 64])
+    r = maze.task_validity(task, "eval", 128, [1, 64])
     assert r["blind_pass_at_k"]["1"] == pytest.approx(0.0427, abs=5e-4)
     assert r["blind_pass_at_k"]["64"] == pytest.approx(0.869, abs=1e-3)
