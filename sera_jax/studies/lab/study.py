@@ -52,6 +52,7 @@ import numpy as np
 
 from sera_jax import methods as methods_lib
 from sera_jax import optim, validation
+from sera_jax.records import write_json
 from sera_jax.studies import common, compare
 from sera_jax.studies.lab import train
 from sera_jax.studies.lab.cells import (
@@ -345,6 +346,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if config.sweep.enabled:
         sweep_lines, sweep_rows = run_sweep(config, runners, arms)
         lines += sweep_lines
+        # The frontier's per-seed points: what `results/lab/recompute_frontiers.py` reads.
+        write_json(os.path.join(workdir, "sweep.json"), {
+            "family": str(config.sweep.family), "frontier_k": int(config.sweep.frontier_k),
+            "methods": list(config.sweep.methods), "seed": int(config.seed),
+            "rows": sweep_rows})
 
     maze_cell = None
     if config.maze_cell.enabled:

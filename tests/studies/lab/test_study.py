@@ -1,5 +1,6 @@
 """The study end to end on a tiny config, the CPU default config, validation and renames."""
 
+import json
 import os
 import subprocess
 import sys
@@ -214,6 +215,12 @@ def test_lr_sweep_gates_each_lr_and_tables_theta(tmp_path):
     # Every method's frontier against uniform's, from the per-seed values the rows keep.
     assert len(rows[0.5]["per_seed"]["sera"]["pass@16"]) == 8
     assert "Frontier gap vs uniform: pass@16 at matched pass@1" in s and "| sera |" in s
+    saved = json.load(open(tmp_path / "sweep.json"))  # the frontier's data, as committed
+    assert saved["rows"][1]["per_seed"] == rows[0.5]["per_seed"] and saved["frontier_k"] == 16
+    script = os.path.join(ROOT, "results", "lab", "recompute_frontiers.py")
+    res = subprocess.run([sys.executable, script, str(tmp_path)], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+    assert res.returncode == 0 and "matches the data" in res.stdout, res.stdout + res.stderr
     if rows[0.5]["admissible"]:
         assert "Selected lr (admissible, best uniform pass@16): **0.5**" in s
         assert "| 0.2 |" in s and "θ sensitivity at lr 0.5" in s
