@@ -2,7 +2,7 @@
 
     python results/lab/recompute_frontiers.py results/lab/frontiers_answers
 
-`<folder>/sweep.json` holds, per lr, every method's per-seed final held-out pass@1 and
+`<folder>/sweep.json` (or `sweep.json.gz`) holds, per lr, every method's per-seed final held-out pass@1 and
 pass@K (K = `frontier_k`) and the gate; `<folder>/summary.md` is the study's own summary. The
 frontier-gap table is rebuilt with the study's code (`sera_jax.studies.lab.sweep.
 frontier_gap_lines`: `compare.frontier_gap`, paired seed bootstrap, the run's seed) and each
@@ -12,6 +12,7 @@ summary.md. Exit status 1 on a difference, with the lines that differ.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sys
@@ -24,7 +25,8 @@ from sera_jax.studies.lab.sweep import frontier_gap_lines  # noqa: E402
 
 def rebuild(folder: str) -> list[str]:
     """The frontier-gap table and one line of mean points per lr, from `sweep.json`."""
-    with open(os.path.join(folder, "sweep.json")) as f:
+    path = os.path.join(folder, "sweep.json")
+    with (gzip.open(path + ".gz", "rt") if not os.path.exists(path) else open(path)) as f:
         data = json.load(f)
     k, names, rows = int(data["frontier_k"]), list(data["methods"]), data["rows"]
     lines = frontier_gap_lines(rows, names, k, seed=int(data["seed"]))

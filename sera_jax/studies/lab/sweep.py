@@ -118,12 +118,13 @@ def frontier_gaps(rows: list[dict[str, Any]], names: list[str], k: int, *, seed:
 
 def frontier_gap_lines(rows: list[dict[str, Any]], names: list[str], k: int, *,
                        seed: int = 0) -> list[str]:
-    """The table of `frontier_gaps` (points of pass@k; 95 % seed-bootstrap CIs)."""
+    """The table of `frontier_gaps` (the lab's pass@k values are percent: gaps in points;
+    95 % seed-bootstrap CIs)."""
     def cell(e: dict[str, Any]) -> str:
         if e["mean"] is None:
             return "–"
-        band = "" if e["lo"] is None else f" [{100 * e['lo']:+.2f}, {100 * e['hi']:+.2f}]"
-        return f"{100 * e['mean']:+.2f}{band}"
+        band = "" if e["lo"] is None else f" [{e['lo']:+.2f}, {e['hi']:+.2f}]"
+        return f"{e['mean']:+.2f}{band}"
 
     out = [f"Frontier gap vs uniform: pass@{k} at matched pass@1 (points; 95 % paired seed "
            "bootstrap), averaged over the overlap of the two frontiers and at two pass@1 "
@@ -134,7 +135,7 @@ def frontier_gap_lines(rows: list[dict[str, Any]], names: list[str], k: int, *,
         if g["overlap"] is None:
             out.append(f"| {n} | none | – | – | – |")
             continue
-        lv = [f"{cell(e)} (pass@1 {100 * e['x']:.1f})" for e in g["levels"]]
-        out.append(f"| {n} | {100 * g['overlap'][0]:.1f}–{100 * g['overlap'][1]:.1f} | "
+        lv = [f"{cell(e)} (pass@1 {e['x']:.2f})" for e in g["levels"]]
+        out.append(f"| {n} | {g['overlap'][0]:.2f}–{g['overlap'][1]:.2f} | "
                    f"{cell(g['mean'])} | " + " | ".join(lv) + " |")
     return out
