@@ -503,6 +503,25 @@ def test_lab_summary_and_page_tables_are_recomputed_from_the_data():
         "\n".join(doc_diff))
 
 
+@pytest.mark.parametrize("run", ["frontiers_answers", "frontiers_maze"])
+def test_lab_frontier_tables_are_recomputed_from_the_data(run, tmp_path):
+    """Every frontier-gap row of a lab frontier run (and of the page that quotes it) comes
+    from its committed per-seed points; a changed value is caught."""
+    spec = importlib.util.spec_from_file_location(
+        "recompute_frontiers", os.path.join(ROOT, "results", "lab", "recompute_frontiers.py"))
+    rf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rf)
+    folder, doc = os.path.join(ROOT, "results", "lab", run), os.path.join(ROOT, "docs",
+                                                                          "results_lab.md")
+    assert rf.main(folder, doc) == 0
+    with open(doc) as f:
+        page = f.read()
+    row = next(line for line in rf.rebuild(folder) if line.startswith("| sera |"))
+    bad = tmp_path / "page.md"
+    bad.write_text(page.replace(row, row.replace("| sera |", "| sera | 0", 1)))
+    assert rf.main(folder, str(bad)) == 1
+
+
 def test_lab_check_reports_a_changed_line(tmp_path):
     rc = _lab_recompute()
     with open(rc.DOC) as f:

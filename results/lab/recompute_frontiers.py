@@ -1,13 +1,14 @@
 """Recompute a lab learning-rate frontier run's tables from its committed data:
 
-    python results/lab/recompute_frontiers.py results/lab/frontiers_answers
+    python results/lab/recompute_frontiers.py results/lab/frontiers_answers [docs/results_lab.md]
 
-`<folder>/sweep.json` (or `sweep.json.gz`) holds, per lr, every method's per-seed final held-out pass@1 and
-pass@K (K = `frontier_k`) and the gate; `<folder>/summary.md` is the study's own summary. The
-frontier-gap table is rebuilt with the study's code (`sera_jax.studies.lab.sweep.
-frontier_gap_lines`: `compare.frontier_gap`, paired seed bootstrap, the run's seed) and each
-lr's per-method mean points from the per-seed values; every rebuilt line must stand in
-summary.md. Exit status 1 on a difference, with the lines that differ.
+`<folder>/sweep.json` (or `sweep.json.gz`) holds, per lr, every method's per-seed final
+held-out pass@1 and pass@K (K = `frontier_k`) and the gate; `<folder>/summary.md` is the
+study's own summary. The frontier-gap table is rebuilt with the study's code
+(`sera_jax.studies.lab.sweep.frontier_gap_lines`: `compare.frontier_gap`, paired seed
+bootstrap, the run's seed) and each lr's per-method mean points from the per-seed values;
+every rebuilt line must stand in summary.md, and each frontier-gap row in the page given as
+the second argument. Exit status 1 on a difference, with the lines that differ.
 """
 
 from __future__ import annotations
@@ -40,20 +41,27 @@ def rebuild(folder: str) -> list[str]:
     return lines
 
 
-def main(folder: str) -> int:
+def main(folder: str, doc: str | None = None) -> int:
     with open(os.path.join(folder, "summary.md")) as f:
         summary = set(f.read().splitlines())
     lines = [line for line in rebuild(folder) if line]
     bad = [line for line in lines if line not in summary]
+    if doc is not None:  # the page quotes the frontier-gap rows
+        with open(doc) as f:
+            page = set(f.read().splitlines())
+        bad += [f"{doc}: {line}" for line in lines if line.startswith("| ")
+                and not line.startswith(("| method", "|---")) and line not in page]
     for line in lines:
         print(line)
     if bad:
-        print(f"\n{len(bad)} of {len(lines)} lines differ from {folder}/summary.md:")
+        print(f"\n{len(bad)} lines differ from the data:")
         print("\n".join(bad))
         return 1
-    print(f"\nevery one of {len(lines)} lines matches the data ({folder}/summary.md)")
+    print(f"\nevery one of {len(lines)} lines matches the data ({folder}/summary.md"
+          f"{'' if doc is None else ', ' + doc})")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "results/lab/frontiers_answers"))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "results/lab/frontiers_answers",
+                  sys.argv[2] if len(sys.argv) > 2 else None))
