@@ -146,6 +146,32 @@ def _check_beta(name: str, x: Any, shape) -> None:
         raise ValueError(f"{name} must be finite and > 0 (Beta posterior parameters)")
 
 
+def _check_pilot(p, budget, pilot, pilot_successes, n_min, n_max) -> tuple[int, Array]:
+    """A two-stage allocator's pilot: `pilot` (default n_min) a Python int in [1, n_max],
+    affordable (max(n_min, pilot)·P <= budget), and `pilot_successes` integers in [0, pilot]
+    of p's shape (checked on the host when concrete). Returns (pilot, successes)."""
+    m = n_min if pilot is None else pilot
+    if _is_traced(m) or isinstance(m, bool) or not isinstance(m, int | np.integer):
+        raise ValueError(f"pilot must be a Python int (rollouts per prompt), got {m!r}")
+    m = int(m)
+    if not 1 <= m <= n_max:
+        raise ValueError(f"pilot must be in [1, n_max={n_max}], got {m}")
+    lo = max(int(n_min), m)
+    num = int(np.shape(p)[0]) if np.ndim(p) == 1 else None
+    if num is not None and not _is_traced(budget) and lo * num > int(budget):
+        raise ValueError(f"pilot={m} per prompt (lower bound {lo}) needs {lo * num} rollouts "
+                         f"but budget={budget} for P={num}")
+    k1 = jnp.asarray(pilot_successes)
+    if k1.shape != jnp.shape(p):
+        raise ValueError(f"pilot_successes must have the shape of p {jnp.shape(p)}, "
+                         f"got {k1.shape}")
+    if not _is_traced(k1):
+        host = np.asarray(k1, np.float64)
+        if not np.all((host >= 0) & (host <= m) & (host == np.round(host))):
+            raise ValueError(f"pilot_successes must be integers in [0, pilot={m}]")
+    return m, k1
+
+
 def _check_common(p, unseen, alpha, beta, pseudo_count):
     if unseen not in _UNSEEN:
         raise ValueError(f"unseen must be one of {_UNSEEN}, got {unseen!r}")
@@ -238,26 +264,9 @@ def sequential(
         raise ValueError(f"second_stage must be one of {_SECOND_STAGES}, got {second_stage!r}")
     if rounding not in ("leximin", "paper"):
         raise ValueError(f"rounding must be 'leximin' or 'paper', got {rounding!r}")
-    m = n_min if pilot is None else pilot
-    if _is_traced(m) or isinstance(m, bool) or not isinstance(m, int | np.integer):
-        raise ValueError(f"pilot must be a Python int (rollouts per prompt), got {m!r}")
-    m = int(m)
-    if not 1 <= m <= n_max:
-        raise ValueError(f"pilot must be in [1, n_max={n_max}], got {m}")
-    lo = max(int(n_min), m)
-    num = int(np.shape(p)[0]) if np.ndim(p) == 1 else None
-    if num is not None and not _is_traced(budget) and lo * num > int(budget):
-        raise ValueError(f"pilot={m} per prompt (lower bound {lo}) needs {lo * num} rollouts "
-                         f"but budget={budget} for P={num}")
+    m, k1 = _check_pilot(p, budget, pilot, pilot_successes, n_min, n_max)
+    lo = max(int(n_min), m)  # every prompt keeps its pilot
     _check_common(p, unseen, alpha, beta, pseudo_count)
-    k1 = jnp.asarray(pilot_successes)
-    if k1.shape != jnp.shape(p):
-        raise ValueError(f"pilot_successes must have the shape of p {jnp.shape(p)}, "
-                         f"got {k1.shape}")
-    if not _is_traced(k1):
-        host = np.asarray(k1, np.float64)
-        if not np.all((host >= 0) & (host <= m) & (host == np.round(host))):
-            raise ValueError(f"pilot_successes must be integers in [0, pilot={m}]")
     pa = _as_probs(p)
     a, b = _prior(pa, alpha, beta, float(pseudo_count))
     k1 = k1.astype(pa.dtype)

@@ -102,7 +102,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 from jax import Array
 from jax.typing import ArrayLike
@@ -110,7 +109,6 @@ from jax.typing import ArrayLike
 from sera_jax.allocation._engine import (
     Allocation,
     _flush_subnormals,
-    _is_traced,
     _prepare,
     _run,
     _trim,
@@ -118,7 +116,7 @@ from sera_jax.allocation._engine import (
 )
 from sera_jax.allocation._peers import _greedy_units
 from sera_jax.allocation.api import register
-from sera_jax.allocation.beyond import _check_common
+from sera_jax.allocation.beyond import _check_common, _check_pilot
 
 __all__ = ["GDRO_EDGES", "GdroState", "gdro", "gdro_state", "pilot_commit", "vip"]
 
@@ -255,29 +253,12 @@ def pilot_commit(
             "pilot_commit is a two-stage allocator: draw `pilot` rollouts (default n_min) of "
             "every prompt first and pass their successes as pilot_successes=... (see "
             "sera_jax.studies.lab.train for the protocol)")
-    m = n_min if pilot is None else pilot
-    if _is_traced(m) or isinstance(m, bool) or not isinstance(m, int | np.integer):
-        raise ValueError(f"pilot must be a Python int (rollouts per prompt), got {m!r}")
-    m = int(m)
-    if not 1 <= m <= n_max:
-        raise ValueError(f"pilot must be in [1, n_max={n_max}], got {m}")
+    m, k1 = _check_pilot(p, budget, pilot, pilot_successes, n_min, n_max)
+    lo = max(int(n_min), m)  # every prompt keeps its pilot
     for name, v in (("diversity_lower", diversity_lower), ("diversity_upper", diversity_upper)):
         if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= float(v) <= 1.0:
             raise ValueError(f"pilot_commit: {name}={v!r}; allowed: a number in [0, 1]")
-    lo = max(int(n_min), m)
-    num = int(np.shape(p)[0]) if np.ndim(p) == 1 else None
-    if num is not None and not _is_traced(budget) and lo * num > int(budget):
-        raise ValueError(f"pilot={m} per prompt (lower bound {lo}) needs {lo * num} rollouts "
-                         f"but budget={budget} for P={num}")
     _check_common(p, unseen, None, None, 1.0)
-    k1 = jnp.asarray(pilot_successes)
-    if k1.shape != jnp.shape(p):
-        raise ValueError(f"pilot_successes must have the shape of p {jnp.shape(p)}, "
-                         f"got {k1.shape}")
-    if not _is_traced(k1):
-        host = np.asarray(k1, np.float64)
-        if not np.all((host >= 0) & (host <= m) & (host == np.round(host))):
-            raise ValueError(f"pilot_successes must be integers in [0, pilot={m}]")
     pa = jnp.asarray(p, jnp.result_type(float))
     acc = k1.astype(pa.dtype) / m
     kept = (acc >= diversity_lower) & (acc <= 1.0 - diversity_upper)

@@ -42,8 +42,6 @@ class Kind:
 
     name: str = ""
     words: Words
-    #: True when the start is trained here (SFT); False for a pretrained start.
-    trains_start: bool = True
     #: The binary that runs this kind's studies (named in error messages).
     binary: str = "experiments.maze"
 

@@ -202,7 +202,6 @@ class MathKind(Kind):
 
     name = "math"
     words = WORDS
-    trains_start = False
     binary = "experiments.math_rl"
 
     def validate(self, cfg: ml_collections.ConfigDict) -> None:

@@ -157,7 +157,6 @@ class MazeKind(Kind):
 
     name = "maze"
     words = WORDS
-    trains_start = True
 
     def validate(self, cfg: ml_collections.ConfigDict) -> None:
         validate_maze(cfg)
