@@ -23,7 +23,8 @@ Two kinds of methods need more than p̂ from their caller: a *two-stage* one
 (`Method.two_stage`: `sera_sequential`, `pilot_commit`) allocates after an in-step pilot, and
 a *stateful* one (`Method.stateful`: `gdro`) carries its allocator's state from one step to
 the next (`Method.init_state`, `allocate(state=...)`, `Allocation.state`). The allocation lab
-runs both; the LM trainer refuses both (`sera_jax.rl.config.check_trainable`).
+and the LM trainer (`sera_jax.rl.collect`: the pilot drawn in the step, the state in
+`TrainState.alloc_state`) run both; the tunix learner refuses both.
 
 `resolve(name, overrides)` applies a user's overrides on top of a preset: each one either
 takes effect or raises ValueError (an option the chosen allocator does not use, an unknown
@@ -87,15 +88,16 @@ class Method:
     @property
     def two_stage(self) -> bool:
         """The allocator needs in-step pilot outcomes (`pilot_successes`): usable where the
-        caller draws a pilot first (the allocation lab, the alignment study's measure mode),
-        not by the LM trainer."""
+        caller draws a pilot first (the allocation lab, the LM trainer, the alignment study's
+        measure mode), not by the tunix learner."""
         return self.allocator in beyond.TWO_STAGE
 
     @property
     def stateful(self) -> bool:
         """The allocator carries a state from one step to the next (`init_state`,
         `allocate(state=...)`, `Allocation.state`): usable where the caller carries it (the
-        allocation lab), not by the LM trainer."""
+        allocation lab, the LM trainer's `TrainState.alloc_state`), not by the tunix
+        learner."""
         return self.allocator in allocation_lib.ALLOCATOR_STATE
 
     def init_state(self) -> Any:

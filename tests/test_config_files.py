@@ -28,17 +28,19 @@ def test_paper_configs_extend_their_cpu_sibling():
 
 @pytest.mark.parametrize("name", sorted(methods_lib.METHODS))
 def test_every_method_is_a_valid_trainer_config(name):
+    """Every method runs in the LM trainer (two-stage and stateful ones included:
+    `sera_jax.rl.collect`); a two-stage method whose pilot does not fit N0 is refused."""
     config = rl_config.for_method(rl_config.get_config(), name)
     preset = methods_lib.get_method(name)
-    if preset.two_stage:
-        with pytest.raises(ValueError, match="in-step pilot"):
-            rl_config.validate(config)
-        return
-    if preset.stateful:  # gdro: its controller state is not in the trainer's TrainState
-        with pytest.raises(ValueError, match="carries allocator"):
-            rl_config.validate(config)
-        return
     assert rl_config.validate(config) == preset  # raises ValueError naming a bad field
+    if preset.two_stage:  # its pilot is part of the budget B = P·N0
+        config.rollouts_per_prompt = config.allocation.n_min = 2
+        big = methods_lib.Method(name, preset.label, preset.allocator,
+                                 {**preset.options, "pilot": 3})
+        config.method = None
+        with pytest.raises(ValueError, match=r"rollouts_per_prompt=2 is invalid; allowed: at "
+                                             r"least the pilot of method"):
+            rl_config.validate(config, big)
 
 
 def test_missing_config_file_is_named(tmp_path):

@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-from sera_jax import loop
+from sera_jax import loop, optim
 from sera_jax.checkpoint import Checkpointer, CheckpointError
 from sera_jax.records import read_jsonl
 from sera_jax.rl import trainer as trainer_lib
@@ -142,6 +142,42 @@ def test_guarded_update_flags_parameters_that_overflow():
                                     {"w": -jnp.ones(3)})
     assert float(m["grad_norm"]) > 0 and float(m["finite"]) == 0.0
     assert not bool(jnp.all(jnp.isfinite(new["w"])))
+
+
+def _change_norm(new, old):
+    """‖new − old‖ over every leaf, in float64 on the host (the independent computation)."""
+    return float(np.sqrt(sum(np.sum((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2)
+                             for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(old)))))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_guarded_update_reports_the_applied_change_and_clipping(fused):
+    """`update_norm` is the norm of the parameter change actually applied (0 on a step that
+    is not applied); `clipped` is 1 exactly when ‖g‖ exceeds a positive clip. Both the optax
+    path and the trainer's fused AdamW step (`step=`), whose parameters are donated."""
+    params = {"w": jnp.linspace(-1.0, 1.0, 6).reshape(2, 3), "b": jnp.full(3, 0.3)}
+    grads = {"w": jnp.arange(6.0).reshape(2, 3) - 2.5, "b": jnp.array([0.5, -1.0, 2.0])}
+    g_norm = _change_norm(grads, jax.tree.map(jnp.zeros_like, grads))
+    for clip, clipped in ((1e-3, 1.0), (1e6, 0.0), (0.0, 0.0)):
+        cfg = small_config(**{"optimizer.grad_clip": clip, "optimizer.learning_rate": 0.1})
+        tx = optim.make_optimizer(cfg.optimizer)
+        step = (lambda *a, cfg=cfg: trainer_lib.fused_adamw_step(cfg, *a)) if fused else None
+        update = jax.jit(lambda p, s, g, loss, tx=tx, step=step, clip=clip: loop.guarded_update(
+            tx, p, s, loss, g, step=step, grad_clip=clip), donate_argnums=(0, 1))
+        old = jax.tree.map(np.array, params)
+        new, _, m = update(jax.tree.map(jnp.copy, params), tx.init(params), grads,
+                           jnp.float32(1.0))
+        change = _change_norm(new, old)
+        assert change > 0.01
+        np.testing.assert_allclose(float(m["update_norm"]), change, rtol=1e-5)
+        assert float(m["clipped"]) == clipped and float(m["grad_norm"]) == pytest.approx(g_norm)
+        # A step with a non-finite loss is not applied: no change, update_norm 0.
+        new, _, m = update(jax.tree.map(jnp.copy, params), tx.init(params), grads,
+                           jnp.float32(jnp.nan))
+        _leaves_equal(new, old)
+        assert float(m["update_norm"]) == 0.0 and float(m["finite"]) == 0.0
+    _, _, m = loop.guarded_update(tx, params, tx.init(params), jnp.float32(1.0), grads)
+    assert "clipped" not in m  # no clip threshold given (SFT): not reported
 
 
 def test_changed_fields_respects_resumable_prefixes():

@@ -96,6 +96,7 @@ def get_config() -> ml_collections.ConfigDict:
     # bootstrap over held-out problems (evaluation noise only).
     c.compare.primary = ml_collections.ConfigDict(dict(method="sera", split="eval", k=4,
                                                        window=1))
+    c.compare.margin = ml_collections.config_dict.placeholder(float)  # equivalence; None: none
     c.compare.gate_floor_multiple = 2.0  # gate: baseline − null > 2 x the noise floor
     # The validity gate: the start must beat an answer-blind guesser (`lm.blind_validity`).
     # Overridden here (recorded in every output): on these 8 problems x 4 samples the start
@@ -127,5 +128,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.seed = 1234
     c.eval.noise_seed = 4321  # the second key set: the noise floor
     c.eval.kv_cache_dtype = ""  # '' = model.dtype; 'bfloat16' halves the sampler's cache
+    # KL(pi_t || pi_start) at every evaluation point (`paired.mechanism`): completions
+    # of the first kl_prompts held-out prompts x kl_samples (0 prompts = off).
+    c.eval.kl_prompts = 32
+    c.eval.kl_samples = 8
     c.eval.paired_noise = False
     return c

@@ -100,6 +100,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.compare.aa_seed_offset = 1000
     c.compare.primary = ml_collections.ConfigDict(dict(method="sera", split="eval", k=16,
                                                        window=2))
+    c.compare.margin = ml_collections.config_dict.placeholder(float)  # None: none registered
     c.compare.gate_floor_multiple = 2.0  # gate: baseline − null > 2 x the noise floor
     # The validity gate: the start must beat an answer-blind guesser (answers drawn from
     # the training answers at their frequency, `lm.blind_validity`).
@@ -122,6 +123,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.frontier.seeds = (0, 1)
     c.frontier.null = True
     c.frontier.null_seeds = (0,)
+    c.frontier.method_seeds = ml_collections.ConfigDict()  # method -> seeds (optional)
+    c.frontier.margin = ml_collections.config_dict.placeholder(float)  # the gap's; None: none
 
     c.eval = ml_collections.ConfigDict()
     c.eval.num_samples = 16  # pass@k for k = 1, 2, 4, 8, 16
@@ -137,5 +140,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.seed = 1234
     c.eval.noise_seed = 4321
     c.eval.kv_cache_dtype = ""
+    # KL(pi_t || pi_start) at every evaluation point (`paired.mechanism`): completions
+    # of the first kl_prompts held-out prompts x kl_samples (0 prompts = off).
+    c.eval.kl_prompts = 32
+    c.eval.kl_samples = 8
     c.eval.paired_noise = False
     return c

@@ -108,6 +108,9 @@ def get_config() -> ml_collections.ConfigDict:
     # averaged over the last `window` evaluation points.
     c.compare.primary = ml_collections.ConfigDict(dict(method="sera", split="eval", k=64,
                                                        window=3))
+    # Its equivalence margin (the primary's units, 0.02 = 2 points; None: none registered,
+    # and then hashed as absent): with one the verdict may be "equivalent within ±m".
+    c.compare.margin = ml_collections.config_dict.placeholder(float)
     # lr frontiers and the lr pilot (`--stage=frontier`, sera_jax.studies.paired.frontier; not
     # part of the default command): each method's (pass@1, pass@k) over the lr grid, each
     # lr's gate; the config's own lr reuses the default comparison's runs.
@@ -117,6 +120,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.frontier.seeds = (0, 1, 2)
     c.frontier.null = True
     c.frontier.null_seeds = (0, 1)
+    # Optional, registered only when set: per-method seeds (method -> seeds in place of
+    # frontier.seeds, e.g. ml_collections.ConfigDict({"sera": (0, 1, 2, 3, 4, 5)})) and the
+    # frontier gap's equivalence margin (pass@k units, 0.02 = 2 points; None: none).
+    c.frontier.method_seeds = ml_collections.ConfigDict()
+    c.frontier.margin = ml_collections.config_dict.placeholder(float)
     c.compare.gate_floor_multiple = 2.0  # gate: baseline − null > 2 x the noise floor
     # The validity gate (issue 37, sera_jax.studies.paired.validity): no RL comparison on a
     # start that a maze-blind guesser matches -- start held-out pass@1 >= 2 x blind's and
@@ -148,4 +156,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.seed = 1234
     c.eval.noise_seed = 4321
     c.eval.kv_cache_dtype = ""
+    # KL(pi_t || pi_start) at every evaluation point (`paired.mechanism`): completions
+    # of the first kl_prompts held-out prompts x kl_samples (0 prompts = off).
+    c.eval.kl_prompts = 32
+    c.eval.kl_samples = 8
+
+    # Gradient alignment of SERA vs uniform on this policy (experiments/maze_alignment.py;
+    # sera_jax.studies.paired.alignment, whose DEFAULTS these are). In no run fingerprint.
+    c.alignment = ml_collections.ConfigDict(dict(
+        reference_samples=256, repetitions=16, seed=0, methods=("uniform", "sera"),
+        p_sources=("history", "oracle"), include_start=True, run="uniform", run_seed=0,
+        run_dir="", steps=(), latest=2, history="auto", warmup_epochs=4, sample_rows=0,
+        ci="t"))
     return c

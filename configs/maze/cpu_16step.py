@@ -85,6 +85,7 @@ def get_config() -> ml_collections.ConfigDict:
     # No primary endpoint: an exploration (set one, as configs/maze/cpu.py does, to
     # pre-register); the gate's margin is read with a primary only.
     c.compare.primary = None
+    c.compare.margin = ml_collections.config_dict.placeholder(float)  # equivalence; None: none
     c.compare.gate_floor_multiple = 2.0
     # The validity gate (configs/maze/cpu.py explains it), at its defaults.
     c.compare.allow_blind_task = False
@@ -111,4 +112,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.seed = 1234  # keys of evaluation point s: eval_key(seed, s, split), every policy
     c.eval.noise_seed = 4321  # the second key set of the noise floor (SFT, final point)
     c.eval.kv_cache_dtype = ""  # '' = model.dtype; 'bfloat16' halves the sampler's cache
+    # KL(pi_t || pi_start) at every evaluation point (`paired.mechanism`): completions
+    # of the first kl_prompts held-out prompts x kl_samples (0 prompts = off).
+    c.eval.kl_prompts = 32
+    c.eval.kl_samples = 8
+    # Gradient alignment (experiments/maze_alignment.py): the block of configs/maze/cpu.py.
+    c.alignment = ml_collections.ConfigDict(dict(
+        reference_samples=256, repetitions=16, seed=0, methods=("uniform", "sera"),
+        p_sources=("history", "oracle"), include_start=True, run="uniform", run_seed=0,
+        run_dir="", steps=(), latest=2, history="auto", warmup_epochs=4, sample_rows=0,
+        ci="t"))
     return c

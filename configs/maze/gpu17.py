@@ -89,6 +89,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.compare.validity_k = 0  # 0 = compare.primary.k
     c.compare.primary = ml_collections.ConfigDict(dict(method="sera", split="eval", k=64,
                                                        window=2))
+    c.compare.margin = ml_collections.config_dict.placeholder(float)  # equivalence; None: none
     c.compare.bootstrap = 2000
     c.compare.level = 0.95
     c.compare.bootstrap_seed = 0
@@ -113,4 +114,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.seed = 1234
     c.eval.noise_seed = 4321
     c.eval.kv_cache_dtype = ""
+    # KL(pi_t || pi_start) at every evaluation point (`paired.mechanism`): completions
+    # of the first kl_prompts held-out prompts x kl_samples (0 prompts = off).
+    c.eval.kl_prompts = 32
+    c.eval.kl_samples = 8
     return c

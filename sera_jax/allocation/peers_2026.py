@@ -60,7 +60,8 @@ Here, per call (one training step):
 
 The state ``GdroState(variance [K], log_price [])`` (K = len(edges) + 1 bins; NaN = not yet
 observed) is the allocator's state (``api.register(..., init_state=...)``): the caller passes
-``state=`` and carries ``Allocation.state`` to the next step (the allocation lab does). Where
+``state=`` and carries ``Allocation.state`` to the next step (the allocation lab does in its
+scan carry, the LM trainer in ``TrainState.alloc_state``). Where
 this departs from the code: the code keeps per-(bin, arm) EXP3 scores fed by per-sample
 surrogate losses and chooses one arm per bin by a DP that hits the budget exactly; its dual
 update ``μ += lr (realised mean − n̄)`` then sees a realised mean equal to n̄ and μ stays at

@@ -19,10 +19,14 @@ def token_logprobs(
     attention_mask: jax.Array,
     positions: jax.Array | None = None,
     start: int = 0,
+    temperature: float = 1.0,
 ) -> jax.Array:
     """Per-token log-likelihood aligned with `tokens`.
 
     out[b, t] = log p(tokens[b, t] | tokens[b, :t]), from one full forward (no cache);
+    `temperature` (a static float > 0): log-probabilities of the tempered policy
+    softmax(logits / temperature), the distribution a sampler at that temperature without
+    top-p / top-k draws from (1.0: the model's own);
     out[:, 0] = 0 (nothing predicts the first token) and positions where `attention_mask`
     is False are 0. Positions default to `positions_from_mask(attention_mask)` (left
     padding). Returns float32 [B, T].
@@ -42,6 +46,8 @@ def token_logprobs(
     logits, _ = model(tokens, positions, attention_mask=attention_mask,
                       logits_from=first - 1)
     logits = logits[:, :-1]  # [B, T - first, V]: predictions of tokens[:, first:]
+    if temperature != 1.0:
+        logits = logits / temperature
     targets = tokens[:, first:]
     picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     lp = picked - jax.nn.logsumexp(logits, axis=-1)

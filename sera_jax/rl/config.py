@@ -195,7 +195,7 @@ def method_overrides(config: ml_collections.ConfigDict) -> dict:
 def method(config: ml_collections.ConfigDict) -> methods_lib.Method:
     """The run's method, resolved once: `config.method`'s preset with the config's
     overrides (`allocation.*`, `estimator`) applied. ValueError naming the fields when it
-    does not resolve or is one the LM trainer cannot run (`check_trainable`)."""
+    does not resolve (`validate` also checks that it fits the config: `check_trainable`)."""
     if config.method is None:
         raise ValueError("config.method is not set; choose one of "
                          f"{sorted(methods_lib.METHODS)}")
@@ -207,26 +207,25 @@ def method(config: ml_collections.ConfigDict) -> methods_lib.Method:
                           for k, v in method_overrides(config).items() if v is not None)
         raise ValueError(f"config.method={config.method!r}" + (f" with {given}" if given else "")
                          + f" is invalid: {e}") from None
-    check_trainable(m)
     return m
 
 
 _resolve = method  # `validate` takes a `method` argument, which shadows the function
 
 
-def check_trainable(method: methods_lib.Method) -> None:
-    """ValueError unless the LM trainer can run `method`: a one-shot, stateless allocation
-    (DAPO dynamic sampling included: `sera_jax.rl.dynamic`). Refused: two-stage methods
-    (`sera_sequential`, `pilot_commit`: they allocate from in-step pilot rollouts) and
-    stateful ones (`gdro`: its controller state would have to be carried, and checkpointed,
-    in `TrainState`, which the trainer does not do yet); the allocation lab runs both."""
-    check(not method.two_stage, "method", method.name,
-          "a method the LM trainer can run: this one allocates from in-step pilot rollouts "
-          "(the allocation lab runs it)")
-    check(not method.stateful, "method", method.name,
-          "a method the LM trainer can run: this one carries allocator (controller) state "
-          "across steps, which the trainer's TrainState does not hold (the allocation lab "
-          "runs it)")
+def check_trainable(method: methods_lib.Method, config: ml_collections.ConfigDict) -> None:
+    """ValueError unless the LM trainer can run `method` under `config`. Every registered
+    method runs (stateful ones carry their allocator state in `TrainState.alloc_state`,
+    two-stage ones draw an in-step pilot: `sera_jax.rl.collect`); a two-stage method's pilot
+    of m rollouts per prompt must fit: max(n_min, m) <= N0 (the pilot is part of the budget
+    B = P·N0) and m <= n_max."""
+    m, a = method.pilot_size(config.allocation.n_min), config.allocation
+    if m:
+        check(max(a.n_min, m) <= config.rollouts_per_prompt and m <= a.n_max,
+              "rollouts_per_prompt", config.rollouts_per_prompt,
+              f"at least the pilot of method {method.name!r} (pilot={m} rollouts per prompt, "
+              f"n_min={a.n_min}; the pilot is part of the budget), with pilot <= "
+              f"allocation.n_max={a.n_max}")
 
 
 def for_method(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
@@ -265,9 +264,9 @@ def validate(config: ml_collections.ConfigDict, method: methods_lib.Method | Non
     if method is None:
         method = _resolve(c)
     else:
-        check_trainable(method)
         check(c.method in (None, method.name), "method", c.method,
                f"unset or {method.name!r}, the method this run was given")
+    check_trainable(method, c)
     check(c.aggregation in AGGREGATIONS, "aggregation", c.aggregation, f"one of {AGGREGATIONS}")
     check(is_int(c.loss_norm_length) and c.loss_norm_length >= 0, "loss_norm_length",
            c.loss_norm_length, "an integer >= 0")

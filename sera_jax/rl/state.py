@@ -13,7 +13,7 @@ import numpy as np
 from sera_jax import history as history_lib
 
 
-@flax.struct.dataclass
+@dataclasses.dataclass(frozen=True)
 class TrainState:
     """Everything a resumed run needs (a pytree of arrays; checkpointed as a whole).
 
@@ -24,6 +24,10 @@ class TrainState:
     step: int32[], optimiser updates done.
     epoch, cursor: int32[], data position: the next prompt is
       `epoch_permutation(seed, epoch, M)[cursor]`.
+    alloc_state: a stateful method's allocator state (`Method.stateful`, e.g. gdro's
+      `GdroState`; replicated like `history`), None for every other method. A pytree child
+      only when set: the state of a stateless method has exactly the leaves (paths, shapes,
+      checkpoint layout) it had before this field existed, so its old checkpoints restore.
     """
 
     params: Any
@@ -33,6 +37,27 @@ class TrainState:
     step: jax.Array
     epoch: jax.Array
     cursor: jax.Array
+    alloc_state: Any = None
+
+    def replace(self, **changes: Any) -> TrainState:
+        """A copy with `changes` (as `flax.struct` dataclasses do)."""
+        return dataclasses.replace(self, **changes)
+
+
+_STATE_FIELDS = ("params", "opt_state", "history", "key", "step", "epoch", "cursor")
+
+
+def _state_children(s: TrainState) -> tuple[str, ...]:
+    return _STATE_FIELDS + (("alloc_state",) if s.alloc_state is not None else ())
+
+
+jax.tree_util.register_pytree_with_keys(
+    TrainState,
+    lambda s: ([(jax.tree_util.GetAttrKey(n), getattr(s, n)) for n in _state_children(s)],
+               s.alloc_state is not None),
+    lambda _, children: TrainState(*children),
+    flatten_func=lambda s: ([getattr(s, n) for n in _state_children(s)],
+                            s.alloc_state is not None))
 
 
 @flax.struct.dataclass
@@ -70,7 +95,10 @@ class Rollouts:
 
     P-shaped: prompt_ids (dataset ids), p_hat (NaN = unseen), counts N_q, prompt_weights
     (w_q used by the loss). B-shaped: segment_ids, prompt_tokens/prompt_mask [B, W],
-    completion_tokens [B, T], lengths, truncated, rewards, advantages, weights.
+    completion_tokens [B, T], lengths, truncated, rewards, advantages, weights. A two-stage
+    method's `pilot_successes` (int32 [P], K¹ of its pilot: rollouts 0..m−1 of each prompt,
+    the first m rows of its group) and a stateful method's `alloc_state` (the allocator's
+    next state, host arrays) are None for the other methods.
     """
 
     prompt_ids: np.ndarray
@@ -91,6 +119,8 @@ class Rollouts:
     sample_time: float
     #: Seconds of `task.score` (host verifier) for the step's completions.
     score_time: float = 0.0
+    pilot_successes: np.ndarray | None = None
+    alloc_state: Any = None
 
     @property
     def live(self) -> np.ndarray:

@@ -24,13 +24,16 @@ ratio 1, no KL, no entropy bonus):
 8. `history.update_from_rollouts` (pending until the next epoch), metrics.
 
 A method with DAPO dynamic sampling repeats 1-6 in rounds until its B rows hold informative
-groups, updating the history per round (`sera_jax.rl.dynamic`).
+groups, updating the history per round (`sera_jax.rl.dynamic`). A stateful allocator (gdro)
+reads and returns its controller state, carried in `TrainState.alloc_state`; a two-stage one
+(`sera_sequential`, `pilot_commit`) samples and scores an in-step pilot before allocating,
+and trains each prompt's pilot and commit rollouts pooled (`sera_jax.rl.collect`).
 
 The trainable state is an explicit pytree (`TrainState`: params, optimiser state, history,
-PRNG key, step, data position), checkpointed as a whole; `RLProgram` runs it on the one
-training loop (`sera_jax.loop.run`), which resumes from the latest checkpoint of a run
-directory and reproduces the uninterrupted run exactly (same XLA programs on the same
-inputs).
+PRNG key, step, data position, a stateful method's allocator state), checkpointed as a
+whole; `RLProgram` runs it on the one training loop (`sera_jax.loop.run`), which resumes
+from the latest checkpoint of a run directory and reproduces the uninterrupted run exactly
+(same XLA programs on the same inputs).
 
 Multi-host: every process runs the same host code on the same values (prompt order,
 allocation, advantages are deterministic), so batches are built identically everywhere;
@@ -59,7 +62,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sera_jax import history as history_lib
-from sera_jax import objective, optim
+from sera_jax import optim
 from sera_jax import sharding as shd
 from sera_jax.estimators import policy_gradient_loss
 from sera_jax.loop import guarded_update
@@ -67,23 +70,15 @@ from sera_jax.methods import Method
 from sera_jax.models.logprobs import shared_prefix_logprobs, token_logprobs
 from sera_jax.rl import config as config_lib
 from sera_jax.rl import dynamic
+from sera_jax.rl.collect import collect_round, shuffle_rewards
 from sera_jax.rl.data import epoch_permutation, next_prompt_ids
 from sera_jax.rl.state import PrefixBatch, RolloutBatch, Rollouts, TrainState
-from sera_jax.sampling import (
-    SampleOutput,
-    SamplingConfig,
-    default_row_keys,
-    generate_rows,
-    left_pad,
-)
+from sera_jax.sampling import SampleOutput, SamplingConfig, default_row_keys, generate_rows
 from sera_jax.scaling import kappa
 from sera_jax.tasks.base import RLTask
 
 #: Compiled train-step programs shared by Trainers of the same run shape (see Trainer).
 _PROGRAMS: dict[Any, tuple] = {}
-#: `fold_in(sample_key, SHUFFLE_FOLD)` keys the null control's reward permutation: distinct
-#: from every sampling row key `fold_in(sample_key, r)`, r < B < 2**31 - 1.
-SHUFFLE_FOLD = 2**31 - 1
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -243,18 +238,6 @@ def rollout_loss(
     )
 
 
-def shuffle_rewards(rewards: np.ndarray, sample_key: jax.Array) -> np.ndarray:
-    """The null control's rewards: `rewards[π]` for the permutation π of the step's B rows
-    drawn from `fold_in(sample_key, SHUFFLE_FOLD)` (a pure function of the step key).
-
-    Only positions within the batch move: the multiset of rewards (so the batch reward mean)
-    is unchanged, the link between a rollout and its reward is destroyed.
-    """
-    perm = np.asarray(jax.random.permutation(jax.random.fold_in(sample_key, SHUFFLE_FOLD),
-                                             rewards.shape[0]))
-    return np.asarray(rewards)[perm]
-
-
 # ----------------------------------------------------------------------------- trainer
 
 
@@ -326,7 +309,8 @@ class Trainer:
             lambda _: rep, history_lib.SuccessHistory.create(1))
         self.state_shardings = TrainState(
             params=self.param_shardings, opt_state=self.opt_shardings,
-            history=self.history_shardings, key=rep, step=rep, epoch=rep, cursor=rep)
+            history=self.history_shardings, key=rep, step=rep, epoch=rep, cursor=rep,
+            alloc_state=jax.tree.map(lambda _: rep, self.method.init_state()))
         # Jitted programs are cached per (graph, shapes, shardings, loss and optimiser
         # settings): a second Trainer for the same run shape (a restart, an ablation arm in
         # the same process) reuses the compiled step instead of recompiling it.
@@ -356,7 +340,7 @@ class Trainer:
         history = history_lib.SuccessHistory.create(self.num_prompts, h.alpha, h.beta, h.gamma)
         key = jax.random.key_data(jax.random.key(self.config.seed))
         host = dict(history=history, key=key, step=np.int32(0), epoch=np.int32(0),
-                    cursor=np.int32(0))
+                    cursor=np.int32(0), alloc_state=self.method.init_state())
         host = shd.replicate(jax.tree.map(np.asarray, host), self.mesh)
         return TrainState(params=params, opt_state=opt_state, **host)
 
@@ -414,11 +398,12 @@ class Trainer:
             return jax.lax.fori_loop(0, jnp.sum(live), body, zeros)
 
         fused = (lambda *args: fused_adamw_step(c, *args)) if fuses_adamw(c) else None
+        clip = float(c.optimizer.get("grad_clip", optim.DEFAULTS["grad_clip"]))  # `clipped`
 
         def train_step(params, opt_state, batch: RolloutBatch):
             loss, grads = gradients(params, batch)
             params, opt_state, metrics = guarded_update(tx, params, opt_state, loss, grads,
-                                                        step=fused)
+                                                        step=fused, grad_clip=clip)
             # Counted where the skip happens (the host's `trained_micro_batches` predicts it).
             metrics["trained_micro_batches"] = jnp.sum(_live_micro(batch, num_micro),
                                                        dtype=jnp.float32)
@@ -446,12 +431,13 @@ class Trainer:
     # --------------------------------------------------------------- one step
 
     def sample(self, state: TrainState, prompts: np.ndarray, prompt_mask: np.ndarray,
-               segment_ids: np.ndarray, key: jax.Array) -> SampleOutput:
+               segment_ids: np.ndarray, key: jax.Array, row_keys: jax.Array | None = None
+               ) -> SampleOutput:
         """Sample one completion per row r of prompt `segment_ids[r]` (host [P, W] prompts),
         `sampling.batch_size` rows per call, each call prefilling its distinct prompts once
-        (on one batch shard; `sampling.generate_rows`);
-        row r uses key `fold_in(key, r)` however the rows are chunked. Host arrays."""
-        keys = default_row_keys(key, segment_ids.shape[0])
+        (on one batch shard; `sampling.generate_rows`); row r uses key `row_keys[r]`
+        (default `fold_in(key, r)`) however the rows are chunked. Host arrays."""
+        keys = default_row_keys(key, segment_ids.shape[0]) if row_keys is None else row_keys
         # A fixed number of prompt slots per call (at most P prompts can occur in a call):
         # one compiled sampler whatever the allocation puts in a chunk.
         return generate_rows(self.model(state), prompts, prompt_mask, segment_ids, keys,
@@ -478,45 +464,9 @@ class Trainer:
     def collect_round(self, state: TrainState, history: history_lib.SuccessHistory,
                       ids: np.ndarray, epoch: int, cursor: int, sample_key: jax.Array
                       ) -> Rollouts:
-        """Steps 2-6 for the P prompts `ids` (data position after them: epoch, cursor)."""
-        c, task = self.config, self.task
-        # Allocate on host values: identical on every process, validated before any jit.
-        p_hat = shd.to_host(history_lib.lookup(history, jnp.asarray(ids)))
-        a = c.allocation
-        plan = jax.tree.map(shd.to_host, objective.plan_rollouts(
-            self.method, jnp.asarray(p_hat), self.budget, n_min=a.n_min, n_max=a.n_max,
-            unseen=a.unseen))
-        counts, segment_ids = plan.counts.astype(np.int32), plan.segment_ids
-
-        prompts, pmask = left_pad(task.prompt_tokens(c.split, ids.tolist()),
-                                  int(task.max_prompt_len), int(task.pad_id))
-        rows, rows_mask = prompts[segment_ids], pmask[segment_ids]  # prompt q, N_q times
-
-        t_sample = time.perf_counter()
-        out = self.sample(state, prompts, pmask, segment_ids, sample_key)
-        tokens, lengths, truncated = out.tokens, out.lengths, out.truncated
-        t_sample = time.perf_counter() - t_sample
-
-        t_score = time.perf_counter()
-        row_ids = ids[segment_ids]
-        completions = [tokens[r, : lengths[r]] for r in range(self.budget)]
-        rewards = np.asarray(task.score(c.split, row_ids.tolist(), completions, truncated),
-                             np.float32)
-        t_score = time.perf_counter() - t_score
-        if rewards.shape != (self.budget,):
-            raise ValueError(f"task.score returned shape {rewards.shape}; expected "
-                             f"({self.budget},), one reward per completion")
-        if c.get("shuffle_rewards", False):
-            rewards = shuffle_rewards(rewards, sample_key)
-        advantages, weights = (shd.to_host(x) for x in objective.rollout_coefficients(
-            rewards, plan, self.method.estimator))
-        return Rollouts(
-            prompt_ids=ids, p_hat=p_hat, counts=counts, prompt_weights=plan.prompt_weights,
-            segment_ids=segment_ids.astype(np.int32), prompt_tokens=rows,
-            prompt_mask=rows_mask, completion_tokens=tokens, lengths=lengths,
-            truncated=truncated, rewards=rewards, advantages=advantages.astype(np.float32),
-            weights=weights.astype(np.float32), epoch=epoch, cursor=cursor,
-            sample_time=t_sample, score_time=t_score)
+        """Steps 2-6 for the P prompts `ids` (data position after them: epoch, cursor), for
+        one-shot, stateful and two-stage (in-step pilot) methods: `rl.collect`."""
+        return collect_round(self, state, history, ids, epoch, cursor, sample_key)
 
     def device_batch(self, rollouts: Rollouts) -> RolloutBatch | PrefixBatch:
         """The rollouts as a `RolloutBatch` of global arrays on the batch sharding: the
@@ -599,7 +549,9 @@ class Trainer:
             **shd.replicate(dict(key=np.asarray(jax.random.key_data(key)),
                                  step=np.int32(shd.to_host(state.step) + 1),
                                  epoch=np.int32(rollouts.epoch),
-                                 cursor=np.int32(rollouts.cursor)), self.mesh))
+                                 cursor=np.int32(rollouts.cursor)), self.mesh),
+            alloc_state=shd.replicate(rollouts.alloc_state, self.mesh)
+            if self.method.stateful else None)
         metrics = (dynamic.metrics(self, rollouts) if self.method.dynamic_sampling
                    else self.rollout_metrics(rollouts))
         metrics.update(train_metrics)

@@ -18,7 +18,7 @@ Definitions (n samples per prompt, c correct, M prompts, S seeds):
 * noise floor: one policy scored with two independent key sets, `d[m] = v_a[m] - v_b[m]`;
   its true mean is 0, so whatever it shows is evaluation noise. `floor[k] = max(|mean d|,
   half-width of its 95 % bootstrap CI)`. A difference whose magnitude is at most the floor
-  is "no difference".
+  is not called a win or a loss (`verdict`).
 
 Training curves (the seed is the unit of inference; mazes and evaluation keys are fixed):
 
@@ -36,11 +36,22 @@ instance, the initial policy, the data order and the rollout uniforms):
 
 * paired difference `d_s = a_s − b_s` (float64) with `seed_interval` ('t') or
   `seed_bootstrap` ('bootstrap'): `seed_difference`; `format_interval` prints it, marked
-  "(n.s.)" when the interval contains 0 ("no difference").
+  "(n.s.)" when the interval contains 0 (not significant; that shows no equality either).
 * `seed_bootstrap`: one-level percentile bootstrap of the mean of per-seed values, each
   resample S seed indices drawn with replacement (the seed-level counterpart of
   `seed_interval`; `paired_bootstrap` is the two-level one over seeds and prompts).
 * `winner`: the arm of highest mean, and the arms whose paired interval against it contains 0.
+
+Verdicts, equivalence and power (`verdict`, `tost`, `mde`, `judge`):
+
+* `verdict`: 'better' / 'worse' when the (95 %) CI lies clear of 0 and, where a noise floor
+  is given, |mean| exceeds it; 'equivalent within ±m' when a registered margin m is given
+  and the equivalence test passes; else 'inconclusive' -- never "no difference".
+* `tost`: two one-sided paired t tests of `d_s` against ±m at α = 0.05 each: equivalent iff
+  the 90 % t interval lies inside (−m, m). `bootstrap_tost`: the same with a percentile
+  bootstrap interval (the frontier gap, `frontier_gap(margin=...)`).
+* `mde`: the smallest paired mean difference a two-sided t test at α detects with the given
+  power, `(t_{1−α/2, S−1} + t_{power, S−1}) · sd/√S` (t quantiles: an approximation).
 """
 
 from __future__ import annotations
@@ -130,14 +141,108 @@ def noise_floor(correct_a: Any, correct_b: Any, n: int, ks: Sequence[int], *,
     return out
 
 
-def verdict(diff: Mapping[str, float], floor: float) -> str:
-    """'better' / 'worse' when the CI excludes 0 *and* |mean| exceeds the noise floor, else
-    'no difference'."""
-    if diff["lo"] > 0 and diff["mean"] > floor:
-        return "better"
-    if diff["hi"] < 0 and -diff["mean"] > floor:
-        return "worse"
-    return "no difference"
+def verdict(diff: Mapping[str, Any], floor: float | None = None,
+            equivalence: Mapping[str, Any] | None = None) -> str:
+    """The verdict on a difference `diff` ({mean, lo, hi}: its CI, e.g. 95 %):
+
+    * 'better' / 'worse': the CI lies above / below 0 and, when a noise `floor` is given,
+      |mean| exceeds it (a difference inside the floor is evaluation noise);
+    * else 'equivalent within ±m' when `equivalence` (a `tost` result, m its margin, printed
+      with `:g`) says equivalent -- a difference both clear of 0 and inside the margin is
+      'better' / 'worse' (`equivalence` still records that it lies inside);
+    * else 'inconclusive': neither a difference nor equivalence is shown. Never "no
+      difference": an interval that holds 0 does not show the arms equal (exports written
+      before this verdict existed say "no difference" for it; `recompute` reads them so).
+    """
+    lo, hi, mean = diff.get("lo"), diff.get("hi"), diff["mean"]
+    if lo is not None and hi is not None:
+        if lo > 0 and (floor is None or mean > floor):
+            return "better"
+        if hi < 0 and (floor is None or -mean > floor):
+            return "worse"
+    if equivalence is not None and equivalence.get("equivalent"):
+        return f"equivalent within ±{float(equivalence['margin']):g}"
+    return "inconclusive"
+
+
+def tost(diffs: Sequence[float], margin: float, level: float = 0.90) -> dict[str, Any]:
+    """Paired equivalence test (two one-sided t tests, TOST) of per-seed differences `d_s`
+    within ±`margin` (m > 0, in the units of `d`).
+
+    With S seeds, mean d̄, sd (ddof 1), se = sd/√S and S − 1 degrees of freedom:
+    `p_lower = P(T ≥ (d̄ + m)/se)` tests H0: μ ≤ −m, `p_upper = P(T ≤ (d̄ − m)/se)` tests
+    H0: μ ≥ m, each at α = (1 − level)/2 (0.05 for the default 90 %). Equivalent iff both
+    reject (max p < α), which is the same as the `level` t interval `d̄ ± t_{(1+level)/2,
+    S−1}·se` lying strictly inside (−m, m). Returns {margin, level, mean, lo, hi, sd, seeds,
+    p_lower, p_upper, p (the larger), equivalent}; with S < 2 (no spread) the interval and
+    the p-values are None and `equivalent` False; with sd = 0 the interval is the point.
+    """
+    from scipy import stats as scipy_stats
+
+    m = float(margin)
+    if not (np.isfinite(m) and m > 0):
+        raise ValueError(f"margin={margin!r}; must be a finite number > 0")
+    if not 0 < level < 1:
+        raise ValueError(f"level={level}; must lie in (0, 1)")
+    e = seed_interval(diffs, level)
+    out: dict[str, Any] = {"margin": m, "level": float(level), "mean": e["mean"],
+                           "lo": e["lo"], "hi": e["hi"], "sd": e["sd"], "seeds": e["seeds"],
+                           "p_lower": None, "p_upper": None, "p": None, "equivalent": False}
+    if e["sd"] is None:
+        return out
+    mean, se, df = e["mean"], e["sd"] / np.sqrt(e["seeds"]), e["seeds"] - 1
+    if se > 0:
+        p_lower = float(scipy_stats.t.sf((mean + m) / se, df))
+        p_upper = float(scipy_stats.t.cdf((mean - m) / se, df))
+    else:
+        p_lower, p_upper = float(not mean > -m), float(not mean < m)
+    alpha = (1 - level) / 2
+    out.update(p_lower=p_lower, p_upper=p_upper, p=max(p_lower, p_upper),
+               equivalent=bool(max(p_lower, p_upper) < alpha))
+    return out
+
+
+def mde(sd: float, n: int, alpha: float = 0.05, power: float = 0.80) -> float:
+    """The minimal detectable paired mean difference: `(t_{1−α/2, n−1} + t_{power, n−1}) ·
+    sd/√n`, with `sd` the per-seed sd of the paired differences and `n` the seed count.
+
+    It uses t quantiles with n − 1 degrees of freedom (the usual approximation of the
+    two-sided paired t test's power; the exact noncentral-t power at this difference is a
+    little below `power` for small n: 0.78 with 4 seeds for 0.80), so with 4 seeds it is
+    about 4.16·sd/√4 where the normal quantiles (1.96 + 0.84) would claim 2.80·sd/√4."""
+    from scipy import stats as scipy_stats
+
+    if not (isinstance(n, int | np.integer) and not isinstance(n, bool) and n >= 2):
+        raise ValueError(f"n={n!r}; the MDE needs an integer >= 2 seeds (an sd)")
+    if not (np.isfinite(sd) and sd >= 0):
+        raise ValueError(f"sd={sd!r}; must be a finite number >= 0")
+    if not (0 < alpha < 1 and 0 < power < 1):
+        raise ValueError(f"alpha={alpha}, power={power}; both must lie in (0, 1)")
+    df = int(n) - 1
+    return float((scipy_stats.t.ppf(1 - alpha / 2, df) + scipy_stats.t.ppf(power, df))
+                 * float(sd) / np.sqrt(int(n)))
+
+
+def tost_level(level: float) -> float:
+    """The equivalence test's interval level that matches a two-sided `level` CI: `2·level −
+    1` (α = 1 − level per side; 0.90 for 0.95), rounded to 10 digits."""
+    return round(2 * float(level) - 1, 10)
+
+
+def judge(estimate: Mapping[str, Any], margin: float | None = None,
+          floor: float | None = None, level: float = 0.95, power: float = 0.80
+          ) -> dict[str, Any]:
+    """The verdict on a paired difference of per-seed values: `estimate` is its
+    `seed_interval` at `level` (mean, lo, hi, sd, seeds, per_seed). Returns {margin, floor,
+    tost: `tost(per_seed, margin, 2·level − 1)` (None without a margin), mde:
+    `mde(sd, seeds, 1 − level, power)` (None with fewer than 2 seeds), power, verdict:
+    `verdict(estimate, floor, tost)`}."""
+    t = (tost(estimate["per_seed"], margin, tost_level(level)) if margin is not None else None)
+    m = (mde(estimate["sd"], estimate["seeds"], 1 - level, power)
+         if estimate.get("sd") is not None else None)
+    return {"margin": None if margin is None else float(margin),
+            "floor": None if floor is None else float(floor), "tost": t, "mde": m,
+            "power": float(power), "verdict": verdict(estimate, floor, t)}
 
 
 def within_floor(diffs: Mapping[str, Mapping[str, float]],
@@ -290,10 +395,11 @@ def bootstrap_pass_at_k(num_correct: Any, n: int, ks: Sequence[int]) -> dict[str
     return {str(int(k)): float(np.mean(analytic_pass_at_k(c / n, int(k)))) for k in ks}
 
 
-__all__ = ["above_frontier", "bootstrap_pass_at_k", "curve_difference", "excludes_zero",
-           "format_interval", "frontier_gap", "holm", "ks_for", "noise_floor", "paired_bootstrap",
-           "paired_difference", "per_prompt_pass_at_k", "seed_bootstrap", "seed_difference",
-           "seed_interval", "SEED_INTERVALS", "verdict", "winner", "within_floor"]
+__all__ = ["above_frontier", "bootstrap_pass_at_k", "bootstrap_tost", "curve_difference",
+           "excludes_zero", "format_interval", "frontier_gap", "holm", "judge", "ks_for", "mde",
+           "noise_floor", "paired_bootstrap", "paired_difference", "per_prompt_pass_at_k",
+           "seed_bootstrap", "seed_difference", "seed_interval", "SEED_INTERVALS", "tost",
+           "tost_level", "verdict", "winner", "within_floor"]
 
 
 def above_frontier(points: Sequence[tuple[float, float]],
@@ -329,11 +435,35 @@ def _gap(ref: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray],
     return mean, at, (float(lo), float(hi))
 
 
+def _resampler(sizes: list[int], ids: list[list[int]] | None, paired: bool):
+    """rng -> the seed indices of every group in one bootstrap resample (None: a group drew
+    no seed). Unpaired: each group draws its own; paired without ids: one index draw shared
+    by every group (equal sizes); paired with ids: a cluster draw of |U| seed ids from the
+    union U of the groups' ids (sorted), each group taking the drawn ids it holds."""
+    if not paired:
+        return lambda rng: [rng.integers(0, s, s) for s in sizes]
+    if ids is None:
+        if len(set(sizes)) != 1:
+            raise ValueError("paired=True needs the same seed count in every group "
+                             "(or the groups' seed ids)")
+        return lambda rng: [rng.integers(0, sizes[0], sizes[0])] * len(sizes)
+    union = sorted({int(i) for g in ids for i in g})
+    pos = [{int(s): j for j, s in enumerate(g)} for g in ids]
+
+    def draw(rng: np.random.Generator) -> list[np.ndarray] | None:
+        drawn = [union[j] for j in rng.integers(0, len(union), len(union))]
+        out = [np.asarray([p[s] for s in drawn if s in p], np.int64) for p in pos]
+        return None if any(o.size == 0 for o in out) else out
+    return draw
+
+
 def frontier_gap(reference: Sequence[tuple[Sequence[float], Sequence[float]]],
                  target: Sequence[tuple[Sequence[float], Sequence[float]]], *,
                  start: tuple[float, float] | None = None, num_levels: int = 2,
                  paired: bool = False, num_resamples: int = 2000, level: float = 0.95,
-                 seed: int = 0, grid: int = 201) -> dict[str, Any]:
+                 seed: int = 0, grid: int = 201,
+                 seed_ids: tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]] | None = None,
+                 margin: float | None = None) -> dict[str, Any]:
     """How far a method's frontier lies above a reference frontier at matched x, with CIs.
 
     `reference`, `target`: per learning rate, the per-seed (x, y) values of a method (x =
@@ -346,30 +476,48 @@ def frontier_gap(reference: Sequence[tuple[Sequence[float], Sequence[float]]],
     CIs: percentile seed bootstrap; each resample redraws the seeds of every (lr, method)
     group independently, or with `paired` one draw of seed indices shared by every group
     (the seeds are common random numbers across lrs and methods; every group needs the
-    same seed count). Resamples whose frontiers do not overlap (or miss a level) are left
-    out and counted (`defined_share`). None estimates when the frontiers do not overlap.
+    same seed count). With `paired` and `seed_ids` (per group of `reference`, then of
+    `target`, the seed id of each value) the draw is by seed id: |U| ids from the union U
+    of all groups' ids, each group taking the drawn ids it has (a cluster bootstrap: groups
+    with different seed sets stay paired where they share a seed; with the same ids in the
+    same order everywhere it is the index draw above). Resamples whose frontiers do not
+    overlap (or miss a level, or leave a group without a seed) are left out and counted
+    (`defined_share`). None estimates when the frontiers do not overlap.
+
+    `margin` (m > 0, the units of y): every interval also gets `tost`, the bootstrap
+    equivalence test: the `2·level − 1` (90 %) percentile interval of the same resamples,
+    equivalent iff it lies strictly inside (−m, m).
     """
     ref = [(np.asarray(x, np.float64), np.asarray(y, np.float64)) for x, y in reference]
     tgt = [(np.asarray(x, np.float64), np.asarray(y, np.float64)) for x, y in target]
+    ids = None
+    if seed_ids is not None:
+        ids = [list(map(int, g)) for g in (*seed_ids[0], *seed_ids[1])]
+        if len(ids) != len(ref) + len(tgt) or any(
+                len(g) != x.size or len(set(g)) != len(g) for g, (x, _) in zip(ids, ref + tgt)):
+            raise ValueError("seed_ids: one list of distinct ids per group, as long as its "
+                             "values")
     mean, _, overlap = _gap(_frontier(ref, start), _frontier(tgt, start), None, grid)
     out: dict[str, Any] = {"overlap": overlap, "resamples": int(num_resamples),
                            "paired": bool(paired)}
     if overlap is None:
-        return {**out, "mean": {"mean": None, "lo": None, "hi": None}, "levels": [],
-                "defined_share": 0.0}
+        none: dict[str, Any] = {"mean": None, "lo": None, "hi": None}
+        if margin is not None:
+            none["tost"] = bootstrap_tost(None, [], margin, tost_level(level))
+        return {**out, "mean": none, "levels": [], "defined_share": 0.0}
     lo, hi = overlap
     xs = np.asarray([lo + (i + 1) * (hi - lo) / (num_levels + 1) for i in range(num_levels)])
     _, at, _ = _gap(_frontier(ref, start), _frontier(tgt, start), xs, grid)
-    if paired and len({x.size for x, _ in ref + tgt}) != 1:
-        raise ValueError("paired=True needs the same seed count in every group")
+    draw = _resampler([x.size for x, _ in ref + tgt], ids, paired)
     rng = np.random.default_rng(seed)
     means, levels = [], [[] for _ in xs]
     for _ in range(int(num_resamples)):
-        shared = rng.integers(0, ref[0][0].size, ref[0][0].size) if paired else None
-        r_ref, r_tgt = ([(x[i], y[i]) for x, y in groups for i in
-                         [shared if paired else rng.integers(0, x.size, x.size)]]
-                        for groups in (ref, tgt))
-        m, a, _ = _gap(_frontier(r_ref, start), _frontier(r_tgt, start), xs, grid)
+        idx = draw(rng)
+        if idx is None:
+            continue
+        r = [(x[i], y[i]) for (x, y), i in zip(ref + tgt, idx)]
+        m, a, _ = _gap(_frontier(r[:len(ref)], start), _frontier(r[len(ref):], start), xs,
+                       grid)
         if m is None:
             continue
         means.append(m)
@@ -378,11 +526,34 @@ def frontier_gap(reference: Sequence[tuple[Sequence[float], Sequence[float]]],
                 levels[i].append(v)
 
     def interval(est: float | None, stats: list[float]) -> dict[str, Any]:
-        if est is None or len(stats) < 2:
-            return {"mean": est, "lo": None, "hi": None}
-        q = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
-        return {"mean": est, "lo": float(q[0]), "hi": float(q[1])}
+        e: dict[str, Any] = {"mean": est, "lo": None, "hi": None}
+        if est is not None and len(stats) >= 2:
+            q = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
+            e.update(lo=float(q[0]), hi=float(q[1]))
+        if margin is not None:
+            e["tost"] = bootstrap_tost(est, stats, margin, tost_level(level))
+        return e
 
     return {**out, "mean": interval(mean, means),
             "levels": [{"x": float(x), **interval(a, s)} for x, a, s in zip(xs, at, levels)],
             "defined_share": len(means) / int(num_resamples)}
+
+
+def bootstrap_tost(estimate: float | None, stats: Sequence[float], margin: float,
+                   level: float = 0.90) -> dict[str, Any]:
+    """The equivalence test of a bootstrapped statistic: its `level` percentile interval
+    of the resample values `stats` strictly inside (−margin, margin) (the percentile
+    counterpart of `tost`'s t interval). {margin, level, lo, hi, equivalent}; no interval
+    (None, not equivalent) without an estimate or with fewer than 2 resamples."""
+    m = float(margin)
+    if not (np.isfinite(m) and m > 0):
+        raise ValueError(f"margin={margin!r}; must be a finite number > 0")
+    if not 0 < level < 1:
+        raise ValueError(f"level={level}; must lie in (0, 1)")
+    out: dict[str, Any] = {"margin": m, "level": float(level), "lo": None, "hi": None,
+                           "equivalent": False}
+    if estimate is None or len(stats) < 2:
+        return out
+    q = np.quantile(np.asarray(stats, np.float64), [(1 - level) / 2, (1 + level) / 2])
+    out.update(lo=float(q[0]), hi=float(q[1]), equivalent=bool(q[0] > -m and q[1] < m))
+    return out

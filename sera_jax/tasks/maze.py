@@ -383,20 +383,73 @@ def build_splits(size: int, sizes: dict[str, int], seed: int, max_tries_factor: 
     return out
 
 
+def build_sealed_split(size: int, num: int, seed: int, exclude: dict[str, np.ndarray],
+                       max_tries_factor: int = 20, generator: str = "prim") -> np.ndarray:
+    """A sealed split of `num` distinct mazes (bool `[num, size, size]`) disjoint in content
+    from every maze of `exclude` (`{split: walls}`, the other splits).
+
+    The mazes come from their own stream (maze j uses seed `(seed, j)`, `seed` other than the
+    other splits' seed), deduplicated by `maze_hash` against `exclude` and each other, so the
+    other splits are the same whatever `num` is and this split depends only on (generator,
+    size, seed, num, the other splits' contents). ValueError when too few mazes are left.
+    """
+    size = _check_size(size)
+    _check_generator(generator)
+    seen = {maze_hash(w) for block in exclude.values() for w in block}
+    mazes: list[np.ndarray] = []
+    j, max_tries = 0, max_tries_factor * int(num) + 100
+    while len(mazes) < int(num):
+        if j >= max_tries:
+            raise ValueError(
+                f"num_test={num}: found only {len(mazes)} {size}x{size} mazes outside the other "
+                f"splits in {j} draws; ask for fewer mazes or a larger size")
+        walls = generate_maze(size, np.random.default_rng([int(seed), j]), generator)
+        j += 1
+        key = maze_hash(walls)
+        if key not in seen:
+            seen.add(key)
+            mazes.append(walls)
+    return np.stack(mazes) if mazes else np.zeros((0, size, size), bool)
+
+
+def _check_test(num_test: Any, test_seed: Any, seed: int) -> tuple[int, int | None]:
+    """(num_test, test_seed) checked: an integer >= 0, and with num_test > 0 an integer seed
+    other than `seed` (ValueError naming the argument otherwise)."""
+    if isinstance(num_test, bool) or not isinstance(num_test, int | np.integer) or num_test < 0:
+        raise ValueError(f"num_test must be an integer >= 0, got {num_test!r}")
+    if test_seed is not None and (isinstance(test_seed, bool)
+                                  or not isinstance(test_seed, int | np.integer)):
+        raise ValueError(f"test_seed must be an integer (or None without a test split), got "
+                         f"{test_seed!r}")
+    if num_test > 0 and test_seed is None:
+        raise ValueError(f"test_seed is required with num_test={num_test}: the sealed split's "
+                         f"own stream (an integer other than seed={seed})")
+    if num_test > 0 and int(test_seed) == int(seed):
+        raise ValueError(f"test_seed={test_seed} equals seed={seed}: the sealed split needs its "
+                         "own stream (another integer)")
+    return int(num_test), None if test_seed is None else int(test_seed)
+
+
 class MazeTask(RLTask):
-    """Maze navigation with splits 'train' (RL prompts), 'eval' (held out) and 'sft'
-    (supervised shortest paths); all three are disjoint sets of distinct mazes.
+    """Maze navigation with splits 'train' (RL prompts), 'eval' (held out), 'sft'
+    (supervised shortest paths) and the optional sealed 'test' split (`num_test` mazes, empty
+    by default); all are disjoint sets of distinct mazes.
 
     Prompt ids are `0..split_size-1`, stable for a given (generator, size, seed, split sizes).
+    The test split has its own stream (`test_seed`, required when `num_test` > 0 and other
+    than `seed`; `build_sealed_split`), so the other splits are identical bit for bit
+    whatever `num_test` is.
     """
 
-    SPLITS = ("train", "eval", "sft")
+    SPLITS = ("train", "eval", "sft", "test")
 
     def __init__(self, size: int, num_train: int, num_eval: int, num_sft: int = 0, seed: int = 0,
-                 max_new_tokens: int | None = None, generator: str = "prim"):
+                 max_new_tokens: int | None = None, generator: str = "prim",
+                 num_test: int = 0, test_seed: int | None = None):
         self.size = _check_size(size)
         self.seed = int(seed)
         self.generator = _check_generator(generator)
+        self.num_test, self.test_seed = _check_test(num_test, test_seed, self.seed)
         if max_new_tokens is None:
             max_new_tokens = max_answer_length(self.size)
         if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
@@ -411,6 +464,9 @@ class MazeTask(RLTask):
         self._walls = build_splits(
             self.size, {"train": num_train, "eval": num_eval, "sft": num_sft}, self.seed,
             generator=self.generator)
+        self._walls["test"] = build_sealed_split(
+            self.size, self.num_test, 0 if self.test_seed is None else self.test_seed,
+            dict(self._walls), generator=self.generator)
         self._paths: dict[str, list[np.ndarray]] = {}
         self._prompts = {s: np.stack([encode_prompt(w) for w in m]) if len(m) else
                          np.zeros((0, self.max_prompt_len), np.int32)
@@ -485,17 +541,20 @@ class MazeTask(RLTask):
         return {"size": self.size, "generator": self.generator, "seed": self.seed,
                 "max_new_tokens": self.max_new_tokens,
                 "prompt_len": self.max_prompt_len,
-                **{f"num_{s}": self.split_size(s) for s in self.SPLITS}}
+                **{f"num_{s}": self.split_size(s) for s in self.SPLITS},
+                "test_seed": self.test_seed}
 
 
 def task_from_config(cfg: Any) -> MazeTask:
     """MazeTask from a config block with fields size, num_train, num_eval, num_sft, seed,
-    max_new_tokens (None = the longest possible answer) and generator ("prim" when absent,
-    so configs written before the option load unchanged)."""
+    max_new_tokens (None = the longest possible answer), generator ("prim" when absent) and
+    the sealed split's num_test / test_seed (0 / None when absent): configs written before
+    an option load unchanged."""
     return MazeTask(size=cfg.size, num_train=cfg.num_train, num_eval=cfg.num_eval,
                     num_sft=cfg.get("num_sft", 0), seed=cfg.get("seed", 0),
                     max_new_tokens=cfg.get("max_new_tokens", None),
-                    generator=cfg.get("generator", "prim"))
+                    generator=cfg.get("generator", "prim"),
+                    num_test=cfg.get("num_test", 0), test_seed=cfg.get("test_seed", None))
 
 
 # --------------------------------------------------------------------------- drawing

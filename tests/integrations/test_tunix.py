@@ -115,6 +115,13 @@ def test_unsupported_settings_fail_before_any_work():
             sera_tunix.validate(grpo_learner.GRPOConfig(**cfg), opts)
     with pytest.raises(ValueError, match="prompt_id"):
         sera_tunix.learner.group_columns({"prompts": np.array(["a"] * 4)}, 4, "prompt_id")
+    cfg = grpo_learner.GRPOConfig(num_generations=N0, num_iterations=1, beta=0.0,
+                                  advantage_estimator="maxrl")
+    for name, match in (("pilot_commit", "needs an in-step pilot"),
+                        ("sera_sequential", "needs an in-step pilot"),
+                        ("gdro", "carries allocator state")):
+        with pytest.raises(ValueError, match=match + r".*sera_jax\.rl's Trainer runs it"):
+            sera_tunix.validate(cfg, sera_tunix.SeraOptions(num_prompts=8, method=name))
 
 
 def test_sera_counts_equal_the_library_and_spend_the_budget():

@@ -93,8 +93,7 @@ def test_a_given_method_must_match_the_configs_name():
     assert config_lib.validate(run, uniform) is uniform
 
 
-def test_methods_the_lm_trainer_cannot_run_are_refused_by_name():
-    with pytest.raises(ValueError, match="in-step pilot"):
-        config_lib.validate(config_lib.for_method(config_lib.get_config(), "sera_sequential"))
-    # DAPO dynamic sampling runs (sera_jax.rl.dynamic).
-    assert config_lib.validate(config_lib.for_method(config_lib.get_config(), "dapo"))
+def test_two_stage_stateful_and_dynamic_methods_validate():
+    # In-step pilot and allocator state (sera_jax.rl.collect), DAPO (sera_jax.rl.dynamic).
+    for name in ("sera_sequential", "pilot_commit", "gdro", "dapo"):
+        assert config_lib.validate(config_lib.for_method(config_lib.get_config(), name))

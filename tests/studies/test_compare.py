@@ -114,3 +114,122 @@ def test_frontier_gap_start_point_and_bootstrap_width():
     assert start["overlap"][0] == pytest.approx(0.05)
     with pytest.raises(ValueError, match="same seed count"):
         compare.frontier_gap(ref, [(x[:8], y[:8]) for x, y in tgt], paired=True)
+
+
+# ----------------------------------------------------------------- equivalence and power
+
+# Four per-seed differences: mean 0.00625, sd 0.0110868 (ddof 1), se 0.0055434; with 3 df,
+# t_0.95 = 2.353363, so the 90 % t interval is 0.00625 ± 0.0130456 = [−0.0067956, 0.0192956].
+DIFFS = [0.01, -0.005, 0.02, 0.0]
+
+
+def test_tost_by_hand_and_against_scipy():
+    out = compare.tost(DIFFS, 0.02)
+    assert out["mean"] == pytest.approx(0.00625) and out["sd"] == pytest.approx(0.0110868, 1e-5)
+    assert (out["lo"], out["hi"]) == pytest.approx((-0.0067956, 0.0192956), abs=1e-7)
+    # Both one-sided tests reject at 5 %: (0.00625 ± 0.02)/0.0055434 = 4.7354 and −2.4804.
+    assert out["p_lower"] == pytest.approx(scipy_stats.t.sf(4.7354, 3), 1e-3)
+    assert out["p_upper"] == pytest.approx(scipy_stats.t.cdf(-2.4804, 3), 1e-3)
+    assert out["p_lower"] == pytest.approx(
+        scipy_stats.ttest_1samp(DIFFS, -0.02, alternative="greater").pvalue)
+    assert out["p_upper"] == pytest.approx(
+        scipy_stats.ttest_1samp(DIFFS, 0.02, alternative="less").pvalue)
+    assert out["p"] == out["p_upper"] < 0.05 and out["equivalent"]
+    # A margin of 0.015 lies inside the interval's upper end 0.0193: not equivalent, and the
+    # upper one-sided test does not reject (p = 0.106 > 0.05).
+    narrow = compare.tost(DIFFS, 0.015)
+    assert not narrow["equivalent"] and narrow["p_upper"] == pytest.approx(0.10629, 1e-3)
+    # The interval's test and the p-values agree across margins.
+    for m in np.linspace(0.005, 0.04, 36):
+        e = compare.tost(DIFFS, m)
+        assert e["equivalent"] == (e["lo"] > -m and e["hi"] < m)
+
+
+def test_tost_edges_and_validation():
+    one = compare.tost([0.001], 0.02)  # one seed: no spread, no test
+    assert one["lo"] is None and one["p"] is None and not one["equivalent"]
+    flat = compare.tost([0.01, 0.01, 0.01], 0.02)  # sd 0: the interval is the point
+    assert flat["equivalent"] and flat["p"] == 0.0
+    assert not compare.tost([0.03, 0.03], 0.02)["equivalent"]
+    for bad in (0.0, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="margin"):
+            compare.tost(DIFFS, bad)
+    with pytest.raises(ValueError, match="level"):
+        compare.tost(DIFFS, 0.02, level=1.0)
+
+
+def test_mde_uses_t_quantiles():
+    # (t_0.975,3 + t_0.80,3) · sd/√4 = (3.182446 + 0.978472) / 2 for sd = 1.
+    assert compare.mde(1.0, 4) == pytest.approx((3.182446 + 0.978472) / 2, 1e-6)
+    assert compare.mde(1.0, 4) == pytest.approx(
+        (scipy_stats.t.ppf(0.975, 3) + scipy_stats.t.ppf(0.8, 3)) / 2)
+    # Many seeds: close to the normal quantiles (1.95996 + 0.84162) · sd/√n.
+    assert compare.mde(0.1, 10_000) == pytest.approx(2.80158 * 0.1 / 100, 1e-3)
+    assert compare.mde(0.0, 3) == 0.0
+    assert compare.mde(1.0, np.int64(8)) < compare.mde(1.0, 4)
+    for sd, n in ((1.0, 1), (-1.0, 4), (float("inf"), 4), (1.0, 2.5)):
+        with pytest.raises(ValueError):
+            compare.mde(sd, n)
+
+
+def test_verdict_is_never_no_difference():
+    up, down, wide = ({"mean": 0.03, "lo": 0.01, "hi": 0.05},
+                      {"mean": -0.03, "lo": -0.05, "hi": -0.01},
+                      {"mean": 0.01, "lo": -0.03, "hi": 0.05})
+    assert compare.verdict(up) == "better" and compare.verdict(down) == "worse"
+    assert compare.verdict(up, 0.02) == "better"
+    assert compare.verdict(up, 0.04) == "inconclusive"  # clear of 0, inside the floor
+    assert compare.verdict(wide) == "inconclusive"
+    assert compare.verdict({"mean": 0.01, "lo": None, "hi": None}) == "inconclusive"
+    eq = compare.tost(DIFFS, 0.02)
+    e = compare.seed_interval(DIFFS)
+    assert compare.verdict(e, None, eq) == "equivalent within ±0.02"
+    assert compare.verdict(e, None, compare.tost(DIFFS, 0.015)) == "inconclusive"
+    # Clear of 0 and inside the margin: the difference is named (tost still says inside).
+    assert compare.verdict(up, None, {"margin": 0.1, "equivalent": True}) == "better"
+
+
+def test_judge_collects_margin_tost_mde_and_verdict():
+    e = compare.seed_interval(DIFFS)
+    j = compare.judge(e, 0.02, None, level=0.95)
+    assert j["verdict"] == "equivalent within ±0.02" and j["tost"]["level"] == 0.9
+    assert j["mde"] == pytest.approx(compare.mde(e["sd"], 4)) and j["power"] == 0.8
+    bare = compare.judge(e)
+    assert bare["margin"] is None and bare["tost"] is None and bare["verdict"] == "inconclusive"
+    one = compare.judge(compare.seed_interval([0.01]), 0.02)
+    assert one["mde"] is None and one["verdict"] == "inconclusive"
+
+
+def test_frontier_gap_pairs_by_seed_id_and_tests_equivalence():
+    rng = np.random.default_rng(0)
+    ref = [(rng.normal(x, 0.02, 8), rng.normal(y, 0.02, 8)) for x, y in ((0.2, 0.5), (0.4, 0.6))]
+    tgt = [(rng.normal(x, 0.02, 8), rng.normal(y + 0.005, 0.02, 8))
+           for x, y in ((0.2, 0.5), (0.4, 0.6))]
+    same = [list(range(8))] * 2
+    by_index = compare.frontier_gap(ref, tgt, paired=True, num_resamples=300, seed=3)
+    by_id = compare.frontier_gap(ref, tgt, paired=True, num_resamples=300, seed=3,
+                                 seed_ids=(same, same))
+    assert by_id == by_index  # the same ids in the same order: the index draw
+    # The target has 6 seeds at one lr (ids 2..7) and 8 at the other: paired where shared.
+    short = [(x[2:], y[2:]) for x, y in tgt[:1]] + tgt[1:]
+    ids = ([list(range(8))] * 2, [list(range(2, 8)), list(range(8))])
+    mixed = compare.frontier_gap(ref, short, paired=True, num_resamples=300, seed=3,
+                                 seed_ids=ids, margin=0.05)
+    assert mixed["mean"]["lo"] < mixed["mean"]["mean"] < mixed["mean"]["hi"]
+    t = mixed["mean"]["tost"]
+    assert t["level"] == 0.9 and t["margin"] == 0.05
+    assert t["lo"] >= mixed["mean"]["lo"] and t["hi"] <= mixed["mean"]["hi"]  # 90 % ⊂ 95 %
+    assert t["equivalent"] == (t["lo"] > -0.05 and t["hi"] < 0.05)
+    with pytest.raises(ValueError, match="seed_ids"):
+        compare.frontier_gap(ref, short, paired=True, seed_ids=([list(range(8))] * 2, same))
+    with pytest.raises(ValueError, match="same seed count"):
+        compare.frontier_gap(ref, short, paired=True)
+
+
+def test_bootstrap_tost_by_hand():
+    stats = np.linspace(-0.01, 0.03, 401)  # 5 % and 95 % quantiles: −0.008 and 0.028
+    out = compare.bootstrap_tost(0.01, stats, 0.03)
+    assert (out["lo"], out["hi"]) == pytest.approx((-0.008, 0.028)) and out["equivalent"]
+    assert not compare.bootstrap_tost(0.01, stats, 0.02)["equivalent"]
+    assert compare.bootstrap_tost(None, stats, 0.03) == {
+        "margin": 0.03, "level": 0.9, "lo": None, "hi": None, "equivalent": False}

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sera_jax.tasks.mathqa import grader
@@ -132,6 +132,7 @@ _MATHY = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(response=st.one_of(st.text(max_size=200), _MATHY), gold=st.one_of(_MATHY, st.text()),
        truncated=st.booleans())
+@example(response="", gold="a(0)", truncated=False)  # an undefined function: no __module__
 def test_grader_is_total(response, gold, truncated):
     """Total in the response; a gold no response can match is a ValueError naming it."""
     try:

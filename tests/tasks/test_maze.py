@@ -102,7 +102,7 @@ def test_backtracker_deterministic_varied_and_longer():
 
 
 def test_generator_in_the_task_and_its_config():
-    kw = dict(num_train=6, num_eval=3, num_sft=4, seed=1)
+    kw = dict(num_train=6, num_eval=3, num_sft=4, seed=1, num_test=2, test_seed=5)
     prim = M.MazeTask(9, **kw)
     back = M.MazeTask(9, generator="backtracker", **kw)
     assert back.describe()["generator"] == "backtracker"
@@ -263,7 +263,8 @@ def test_task_contract():
     with pytest.raises(ValueError, match="ids must lie"):
         task.prompt_tokens("train", [8])
     with pytest.raises(ValueError, match="split must be"):
-        task.split_size("test")
+        task.split_size("dev")
+    assert task.split_size("test") == 0  # no sealed test split unless num_test > 0
     assert task.decode([M.UP, M.DONE, 77]) == "UP DONE <id:77>"
     answers_ = task.extract_answers("train", ids, [np.asarray([M.UP, M.DONE, 5]),
                                                    np.asarray([M.UP]), comps[0]])
@@ -282,3 +283,66 @@ def test_render_and_draw():
     M.draw(ax, walls, [path, path[:2]], rewards=[1.0, 0.0], title="t")
     assert len(ax.lines) == 2
     plt.close(fig)
+
+
+def test_sealed_test_split_is_disjoint_deterministic_and_leaves_the_others_unchanged():
+    kw = dict(num_train=40, num_eval=20, num_sft=30, seed=3)
+    plain = M.MazeTask(9, **kw)
+    sealed = M.MazeTask(9, num_test=25, test_seed=11, **kw)
+    # The other splits are the same bit for bit whatever num_test is.
+    for s in ("train", "eval", "sft"):
+        np.testing.assert_array_equal(sealed.walls(s), plain.walls(s))
+        np.testing.assert_array_equal(sealed.prompt_tokens(s, range(3)),
+                                      plain.prompt_tokens(s, range(3)))
+    assert plain.split_size("test") == 0 and sealed.split_size("test") == 25
+    # Disjoint by content hash from every maze of the other splits, and distinct.
+    others = {M.maze_hash(w) for s in ("train", "eval", "sft") for w in sealed.walls(s)}
+    test = [M.maze_hash(w) for w in sealed.walls("test")]
+    assert len(set(test)) == 25 and not set(test) & others
+    for w in sealed.walls("test"):
+        assert_perfect(w)
+    # Deterministic; its own stream: maze j is drawn from default_rng([test_seed, j]).
+    again = M.MazeTask(9, num_test=25, test_seed=11, **kw)
+    np.testing.assert_array_equal(again.walls("test"), sealed.walls("test"))
+    first = M.generate_maze(9, np.random.default_rng([11, 0]))
+    if M.maze_hash(first) not in others:
+        np.testing.assert_array_equal(sealed.walls("test")[0], first)
+    # A prefix of a larger sealed split (stable ids), another one for another seed.
+    bigger = M.MazeTask(9, num_test=30, test_seed=11, **kw)
+    np.testing.assert_array_equal(bigger.walls("test")[:25], sealed.walls("test"))
+    other = M.MazeTask(9, num_test=25, test_seed=12, **kw)
+    assert not np.array_equal(other.walls("test"), sealed.walls("test"))
+    # It is a split like the others: prompts, scores, SFT answers, the description.
+    _, answers = sealed.sft_examples("test", [0, 1])
+    np.testing.assert_array_equal(
+        sealed.score("test", [0, 1], [a[:-1] for a in answers], np.zeros(2, bool)), [1, 1])
+    d = sealed.describe()
+    assert (d["num_test"], d["test_seed"]) == (25, 11)
+    assert plain.describe()["num_test"] == 0 and plain.describe()["test_seed"] is None
+    # Content-disjoint even where the test stream meets mazes the other splits hold: every
+    # 7x7 maze of the sealed split is outside the 120 of the others (192 exist).
+    small = M.MazeTask(7, num_train=80, num_eval=20, num_sft=20, num_test=20, test_seed=1)
+    held = {M.maze_hash(w) for s in ("train", "eval", "sft") for w in small.walls(s)}
+    raw = [M.maze_hash(M.generate_maze(7, np.random.default_rng([1, j]))) for j in range(5)]
+    assert any(h in held for h in raw)  # the stream does meet them: dedupe is exercised
+    assert not held & {M.maze_hash(w) for w in small.walls("test")}
+
+
+def test_sealed_test_split_config_and_bad_values():
+    cfg = ml_collections.ConfigDict(dict(size=9, num_train=6, num_eval=3, num_sft=4, seed=1))
+    assert M.task_from_config(cfg).split_size("test") == 0  # old configs load unchanged
+    cfg.num_test, cfg.test_seed = 5, 7
+    task = M.task_from_config(cfg)
+    np.testing.assert_array_equal(
+        task.walls("test"), M.MazeTask(9, 6, 3, 4, seed=1, num_test=5, test_seed=7).walls("test"))
+    kw = dict(num_train=6, num_eval=3, seed=1)
+    for bad, match in ((dict(num_test=-1, test_seed=7), "num_test must be an integer >= 0"),
+                       (dict(num_test=2.5, test_seed=7), "num_test must be"),
+                       (dict(num_test=True, test_seed=7), "num_test must be"),
+                       (dict(num_test=3), "test_seed is required"),
+                       (dict(num_test=3, test_seed=1), "test_seed=1 equals seed=1"),
+                       (dict(num_test=3, test_seed="7"), "test_seed must be an integer")):
+        with pytest.raises(ValueError, match=match):
+            M.MazeTask(9, **kw, **bad)
+    with pytest.raises(ValueError, match="num_test=5: found only"):
+        M.MazeTask(5, num_train=2, num_eval=1, num_sft=1, num_test=5, test_seed=9)

@@ -129,11 +129,13 @@ def validate(algo_config: Any, sera: SeraOptions) -> methods_lib.Method:
         problems.append(f"advantage_estimator={algo_config.advantage_estimator!r} (set it "
                         f"to the method's {method.estimator!r}, used for evaluation batches)")
     if method.two_stage:
-        problems.append(f"method {method.name!r} needs an in-step pilot; use a one-shot "
-                        "method")
+        problems.append(f"method {method.name!r} needs an in-step pilot, which the learner "
+                        "does not draw; use a one-shot method here (sera_jax.rl's Trainer "
+                        "runs it)")
     if method.stateful:
         problems.append(f"method {method.name!r} carries allocator state across steps, "
-                        "which the learner does not hold; use a stateless method")
+                        "which the learner does not hold; use a stateless method here "
+                        "(sera_jax.rl's Trainer runs it)")
     if problems:
         raise ValueError("SeraLearner: unsupported GRPOConfig/SeraOptions: "
                          + "; ".join(problems))

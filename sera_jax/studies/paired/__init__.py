@@ -24,7 +24,8 @@ Stages (each resumes or skips finished work, so re-running a killed command cont
   `curves`): pass@k per arm and seed, paired differences with CIs (`sera_jax.studies.compare`),
   noise floors, the null and A/A controls, believed vs realised κ, and with
   `compare.primary` the curve analysis: Δ(t) bands, the primary endpoint, Holm-adjusted
-  secondaries, the gate (RL beats the null by a clear margin).
+  secondaries, the gate (RL beats the null by a clear margin); `results/mechanism.{md,json}`
+  (`mechanism`): update norms, clip rates, distance and KL from the start per arm.
 * `all` = sft + rl + eval; `compare` = rl + eval; `regime` = the regime map (`regime`).
 * `preregister` / `amend`: the committed pre-registration (`prereg`) at
   `results/<kind>/<config.name>/preregistration.json`; `frontier`, `matched` (`frontier`,

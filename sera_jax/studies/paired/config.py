@@ -12,7 +12,7 @@ the fix.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import ml_collections
 import numpy as np
@@ -24,12 +24,14 @@ from sera_jax.studies import common
 from sera_jax.studies.paired.kinds import get_kind
 from sera_jax.studies.paired.spec import (
     CONTROLS,
+    EVAL_DEFAULTS,
     SPLITS,
     STAGES,
     arm_config,
     arms,
     cell_config,
     frontier_learning_rates,
+    frontier_method_seeds,
     lr_arms,
     lr_config,
     regime_cells,
@@ -38,15 +40,18 @@ from sera_jax.studies.paired.spec import (
     regime_thresholds,
     rl_plan,
     run_config,
+    test_split,
     uses_threshold,
 )
 
 
-def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[int]
+def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[int],
+             method_seeds: Mapping[str, Sequence[int]] | None = None
              ) -> dict[str, methods_lib.Method]:
     """Every field the stages read, checked before any data or model is built; returns each
     arm's `Method` (the method name with the `rl.allocation.*` overrides), resolved once here
-    and passed down to its runs (`stage_rl(..., resolved=...)`)."""
+    and passed down to its runs (`stage_rl(..., resolved=...)`). `method_seeds`: the
+    frontier's per-method seeds at one lr (`spec.lr_arms`), checked already."""
     c = common.check
     t = cfg.task
     get_kind(cfg).validate(cfg)  # the task, model and start blocks
@@ -57,7 +62,7 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequ
           "config.compare.aa, not a method name")
     validate_compare(cfg)
     resolved_arms = {}
-    for method in [a for a, _ in arms(cfg, methods, seeds)]:
+    for method in [a for a, _ in arms(cfg, methods, seeds, method_seeds)]:
         try:
             resolved = resolved_arms[method] = rl_config.validate(run_config(cfg, method, 0))
         except ValueError as e:
@@ -81,6 +86,7 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequ
     c(isinstance(e.train_prompts, int) and 0 <= e.train_prompts <= t.num_train,
       "eval.train_prompts", e.train_prompts, f"an integer in [0, task.num_train={t.num_train}]"
       " (0 = no training-prompt evaluation, so no realised κ)")
+    validate_test_prompts(cfg)
     c(isinstance(e.every, int) and e.every >= 0, "eval.every", e.every, ">= 0 (0 = final only)")
     c(isinstance(e.temperature, int | float) and np.isfinite(e.temperature) and
       e.temperature > 0, "eval.temperature", e.temperature, "a finite number > 0")
@@ -91,9 +97,32 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequ
       e.get("paired_noise"), "True or False (score each final policy with the noise keys too)")
     c(isinstance(e.noise_seed, int) and e.noise_seed != e.seed, "eval.noise_seed",
       e.noise_seed, f"an integer other than eval.seed={e.seed} (the second key set)")
+    for field, low in (("kl_prompts", 0), ("kl_samples", 1)):  # mechanism.measure's KL
+        v = e.get(field, EVAL_DEFAULTS[field])
+        c(isinstance(v, int) and v >= low, f"eval.{field}", v, f"an integer >= {low}")
     if cfg.compare.get("primary") is not None:
         validate_primary(cfg)
     return resolved_arms
+
+
+#: Where a sealed test split comes from (the errors' fix).
+SEALED_HOW = ("a kind whose task has one: the maze's task.num_test > 0 with its own "
+              "task.test_seed")
+
+
+def validate_test_prompts(cfg: ml_collections.ConfigDict) -> None:
+    """`eval.test_prompts` (absent = 0): an integer in [0, the sealed test split's size]; > 0
+    only for a task with a sealed test split (its kind's `test_split`)."""
+    n = cfg.eval.get("test_prompts", 0)
+    common.check(isinstance(n, int) and not isinstance(n, bool) and n >= 0,
+                 "eval.test_prompts", n, "an integer >= 0 (0 = no sealed test evaluation)")
+    if n > 0:
+        split = test_split(cfg)
+        common.check(split is not None, "eval.test_prompts", n,
+                     f"0: the {get_kind(cfg).name} task of this config has no sealed test "
+                     f"split ({SEALED_HOW})")
+        common.check(n <= split["num_test"], "eval.test_prompts", n,
+                     f"<= task.num_test={split['num_test']}")
 
 
 def validate_compare(cfg: ml_collections.ConfigDict) -> None:
@@ -121,7 +150,24 @@ def validate_compare(cfg: ml_collections.ConfigDict) -> None:
         common.int_list(k.aa_seeds, "compare.aa_seeds")  # () = compare.seeds
         c(isinstance(k.aa_seed_offset, int) and k.aa_seed_offset > 0, "compare.aa_seed_offset",
           k.aa_seed_offset, "an integer > 0 (the A/A arm's RL seed is seed + offset)")
+    validate_margin(k.get("margin"), "compare.margin", "the primary endpoint's", k.level)
     validate_validity(cfg)
+
+
+def validate_margin(margin: object, field: str, units: str, level: float) -> None:
+    """An equivalence margin (`compare.margin`, `frontier.margin`): None (none registered)
+    or a number in (0, 1) in the units of the metric (0.02 = 2 percentage points); its
+    equivalence test runs at 2 · `compare.level` − 1 (90 % for 95 %), so the level must
+    exceed 0.5."""
+    if margin is None:
+        return
+    common.check(isinstance(margin, int | float) and not isinstance(margin, bool)
+                 and bool(np.isfinite(margin)) and 0 < margin < 1, field, margin,
+                 f"None (no margin registered) or a float in (0, 1): the equivalence margin "
+                 f"in {units} units, e.g. 0.02 = 2 percentage points")
+    common.check(float(level) > 0.5, "compare.level", level,
+                 f"a float in (0.5, 1) with {field} set (its equivalence test runs at "
+                 "2 · level − 1)")
 
 
 def validate_primary(cfg: ml_collections.ConfigDict) -> None:
@@ -137,6 +183,13 @@ def validate_primary(cfg: ml_collections.ConfigDict) -> None:
     if p.split == "train":
         c(cfg.eval.train_prompts > 0, "compare.primary.split", p.split,
           "'eval' (eval.train_prompts = 0: no training-prompt evaluation)")
+    if p.split == "test":
+        c(test_split(cfg) is not None, "compare.primary.split", p.split,
+          f"'eval' or 'train': the {get_kind(cfg).name} task of this config has no sealed "
+          f"test split ({SEALED_HOW}, and eval.test_prompts > 0)")
+        c(int(cfg.eval.get("test_prompts", 0)) > 0, "compare.primary.split", p.split,
+          "'eval' or 'train' (eval.test_prompts = 0: the sealed test split is not scored; "
+          "set eval.test_prompts > 0 to read the primary endpoint on it)")
     c(common.positive_int(p.k) and p.k <= int(cfg.eval.curve_samples), "compare.primary.k",
       p.k, f"an integer in [1, eval.curve_samples={cfg.eval.curve_samples}]")
     # A run shorter than the window (e.g. a quick --config.rl.num_steps=100) averages the
@@ -172,6 +225,9 @@ def validate_frontier(cfg: ml_collections.ConfigDict) -> None:
     common.int_list(cfg.frontier.null_seeds, "frontier.null_seeds")
     common.check(cfg.compare.get("primary") is not None, "compare.primary", None,
                  "set: the frontier's metric and window are the primary endpoint's")
+    validate_margin(cfg.frontier.get("margin"), "frontier.margin", "pass@k",
+                    cfg.compare.level)
+    frontier_method_seeds(cfg)  # every key a frontier method, every value seeds
     for lr in frontier_learning_rates(cfg):
         try:
             validate(lr_config(cfg, lr), *lr_arms(cfg, lr))

@@ -11,7 +11,10 @@ the 95 % band is Student t over seeds. An endpoint averages `Δ_s(t)` over the l
 * primary: `compare.primary` (method − baseline, split, k, window), fixed in the config and
   recorded in `<workdir>/preregistered.json` before the first RL run (`preregister`); the
   report refuses a config whose primary differs from the recorded one.
-* secondary: every other (method − baseline, split, k) window endpoint, Holm-adjusted.
+* secondary: every other (method − baseline, split, k) window endpoint on the held-out and
+  training prompts, Holm-adjusted. The sealed test split (`eval.test_prompts` > 0) is read
+  only by the pre-registered primary endpoint (and, as every split, by the A/A rate): it
+  adds no secondary endpoint.
 * gate: baseline − null at held-out pass@1 over the same window: 95 % CI above 0 *and* mean
   above `compare.gate_floor_multiple` (2) × the evaluation noise floor at pass@1 (SFT, two
   key sets, curve size). A run that does not learn fails it.
@@ -37,7 +40,7 @@ from sera_jax.studies import compare as cmp
 from sera_jax.studies.paired.spec import (
     AA,
     NULL,
-    SPLITS,
+    eval_splits,
     eval_steps,
     is_exploratory,
     primary_spec,
@@ -86,7 +89,7 @@ def curve_records(cfg: ml_collections.ConfigDict, workdir: str, arm: str, seed: 
 
 def _counts(recs: Mapping[int, Mapping[str, Any]], steps: Sequence[int], split: str
             ) -> np.ndarray:
-    return np.asarray([(recs[t] if split == "eval" else recs[t]["train"])["num_correct"]
+    return np.asarray([(recs[t] if split == "eval" else recs[t][split])["num_correct"]
                        for t in steps], np.int64)
 
 
@@ -181,14 +184,21 @@ def curve_statistics(cfg: ml_collections.ConfigDict, methods: Sequence[str],
     `two_level`, the paired bootstrap of `compare.paired_bootstrap` on the per-seed per-prompt
     window-mean differences `d[s, m]` (each resample draws the seeds and, once for all
     seeds, the held-out prompts with replacement; `compare.bootstrap` resamples, percentile
-    interval): the prompt sample's variation included.
+    interval): the prompt sample's variation included. Its `verdict` (`compare.judge` of
+    `estimate`) reads the pre-registered rule, the seed-level t interval (`outcome`; no
+    noise floor: that is the unpaired comparison's, and the paired seeds' interval already
+    holds the evaluation noise that does not cancel): better / worse when it lies clear of
+    0; equivalent within ±`compare.margin` when that margin is registered and the paired
+    TOST (the 90 % t interval for the default 95 % level) lies inside it; else
+    inconclusive. `mde`: the smallest difference the seed count detects with 80 % power
+    (per-seed sd of the window differences).
     """
     steps = eval_steps(cfg)
     n, level = int(cfg.eval.curve_samples), float(cfg.compare.level)
     spec = primary_spec(cfg)
     ks = sorted(set(cmp.ks_for(n)) | {spec["k"]})
     window = min(spec["window"], max(len(steps) - 1, 1))  # a shorter run: the points it has
-    splits = [s for s in SPLITS if s == "eval" or int(cfg.eval.train_prompts) > 0]
+    splits = eval_splits(cfg)
     recs = {arm: dict(runs) for arm, runs in recs.items()}
     out: dict[str, Any] = {
         "steps": steps, "num_samples": n, "ks": ks, "band_method": (
@@ -259,11 +269,15 @@ def curve_statistics(cfg: ml_collections.ConfigDict, methods: Sequence[str],
             level=level, seed=int(cfg.compare.bootstrap_seed))
     out["primary"]["outcome"] = ("not run" if prim is None
                                  else _outcome(out["primary"]["estimate"]))
+    out["primary"]["margin"] = cfg.compare.get("margin")
+    if prim is not None:  # verdict, TOST against compare.margin, MDE (compare.judge)
+        out["primary"].update(cmp.judge(out["primary"]["estimate"], cfg.compare.get("margin"),
+                                        None, level))
     raw = {}
     for m in methods:
         d = out["differences"].get(f"{m} − {base}")
-        for split in splits if d else ():
-            for k in ks:
+        for split in [s for s in splits if s != "test"] if d else ():
+            for k in ks:  # the sealed test split answers the primary endpoint only
                 key = f"{m} − {base} | {split} | pass@{k}"
                 if key != f"{name} | {spec['split']} | pass@{spec['k']}":
                     raw[key] = d[split]["window"][str(k)]

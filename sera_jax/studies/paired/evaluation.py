@@ -25,6 +25,8 @@ from sera_jax.studies.paired.spec import (
     eval_sampling,
     eval_steps,
     start_fingerprint,
+    test_prompts,
+    test_split,
 )
 
 
@@ -49,10 +51,11 @@ def evaluate_policy(model: Any, task: Any, cfg: ml_collections.ConfigDict,
                     num_samples: int, step: int, mesh: jax.sharding.Mesh | None,
                     seed: int | None = None) -> dict[str, Any]:
     """Evaluation point `step`: `num_samples` completions per prompt at `eval.temperature` on
-    the first `eval.num_prompts` held-out prompts and (under `train`) on the first
-    `eval.train_prompts` training prompts, with the keys `eval_key(seed, step, split)`
-    (`seed` defaults to `eval.seed`). Returns a JSON-able record with the pass@k curves and
-    the per-prompt correct counts."""
+    the first `eval.num_prompts` held-out prompts, (under `train`) on the first
+    `eval.train_prompts` training prompts and (under `test`) on the first `eval.test_prompts`
+    prompts of the sealed test split, with the keys `eval_key(seed, step, split)` (`seed`
+    defaults to `eval.seed`). Returns a JSON-able record with the pass@k curves and the
+    per-prompt correct counts."""
     seed = int(cfg.eval.seed if seed is None else seed)
     t0 = time.perf_counter()
     out = {"step": int(step), "key_seed": seed,
@@ -61,6 +64,9 @@ def evaluate_policy(model: Any, task: Any, cfg: ml_collections.ConfigDict,
     if int(cfg.eval.train_prompts) > 0:
         out["train"] = _score(model, task, cfg, "train", cfg.eval.train_prompts, num_samples,
                               eval_key(seed, step, "train"), mesh)
+    if test_prompts(cfg) > 0:
+        out["test"] = _score(model, task, cfg, "test", test_prompts(cfg), num_samples,
+                             eval_key(seed, step, "test"), mesh)
     out["seconds"] = time.perf_counter() - t0
     return out
 
@@ -79,11 +85,15 @@ def pass1_distribution(num_correct: Sequence[int], num_samples: int) -> dict[str
 
 
 def _eval_fingerprint(cfg: ml_collections.ConfigDict,
-                      keys: Sequence[str] = ("num_prompts", "train_prompts", "temperature")
-                      ) -> dict[str, Any]:
-    """The evaluation fields `keys` of a cached scoring, plus its KV-cache dtype when set."""
-    fields = {k: cfg.eval[k] for k in keys}
+                      keys: Sequence[str] = ("num_prompts", "train_prompts", "test_prompts",
+                                             "temperature")) -> dict[str, Any]:
+    """The evaluation fields `keys` of a cached scoring, plus its KV-cache dtype when set and
+    the sealed test split's fields when it is scored (`EVAL_DEFAULTS` trimmed)."""
+    fields = {k: cfg.eval.get(k, EVAL_DEFAULTS[k]) if k in EVAL_DEFAULTS else cfg.eval[k]
+              for k in keys}
     fields["kv_cache_dtype"] = cfg.eval.get("kv_cache_dtype", "")
+    if test_prompts(cfg) > 0:
+        fields["test_split"] = test_split(cfg)
     return loop.trim_fields(fields, defaults=EVAL_DEFAULTS)
 
 

@@ -1,15 +1,17 @@
 """Raw results export (`--stage=export`): everything a reader needs to recompute the
 comparison (and frontier, and lr-matched) numbers, under `results/<kind>/<config name>/`:
 
-* `comparison.json`, `frontier.json` / `matched.json` (when the workdir has them) and
-  `preregistration.json` (a copy, when the committed file lives elsewhere);
+* `comparison.json`, `frontier.json` / `matched.json` / `mechanism.json` (when the workdir
+  has them) and `preregistration.json` (a copy, when the committed file lives elsewhere);
 * `config.json` (the config as run), `export.json` (the methods, seeds and lrs exported) and
   `sft_validity.json` (the start's `sft/validity.json`: the blind control's report);
 * `counts.npz`: per-prompt correct counts, int16, compressed -- the SFT start at every scoring
   (`sft/<step>_<n>_<keys>/<split>`), every run's final point, curve points `[T, M]` and
   noise-key scoring (`run/<arm>/<seed>/{final,curve,noise}/<split>`), the same per frontier
   lr (`frontier/<lr>/run/...`) and for the matched arm (`matched/run/...`), and the
-  blind control's per-prompt success probability (`blind_q`).
+  blind control's per-prompt success probability (`blind_q`). `<split>` is `eval`, `train`
+  when training prompts are scored and `test` when the sealed test split is (whose blind
+  control is `blind_q_test`).
 
 `sera_jax.studies.paired.recompute` rebuilds the tables from these files alone.
 
@@ -59,16 +61,18 @@ COUNTS = "counts.npz"
 MANIFEST = "export.json"
 #: Every file an export may write besides its manifest (`MANIFEST`).
 EXPORT_FILES = ("comparison.json", "frontier.json", "matched.json", PREREGISTRATION,
-                "sft_validity.json", "config.json", COUNTS)
+                "sft_validity.json", "config.json", COUNTS, "mechanism.json")
 
 
 def _put(arrays: dict[str, np.ndarray], key: str, rec: Mapping[str, Any] | None) -> None:
-    """A record's held-out (and training) counts under `key/eval` (`key/train`)."""
+    """A record's held-out (training, sealed test) counts under `key/eval` (`key/train`,
+    `key/test`)."""
     if rec is None:
         return
     arrays[f"{key}/eval"] = np.asarray(rec["num_correct"], np.int16)
-    if "train" in rec:
-        arrays[f"{key}/train"] = np.asarray(rec["train"]["num_correct"], np.int16)
+    for split in ("train", "test"):
+        if split in rec:
+            arrays[f"{key}/{split}"] = np.asarray(rec[split]["num_correct"], np.int16)
 
 
 def data_arrays(data: Mapping[str, Any], prefix: str = "", sft: bool = True
@@ -88,9 +92,9 @@ def data_arrays(data: Mapping[str, Any], prefix: str = "", sft: bool = True
                 out[f"{key}/curve_steps"] = np.asarray(steps, np.int32)
                 _put(out, f"{key}/curve", {
                     "num_correct": [r["curve"][t]["num_correct"] for t in steps],
-                    **({"train": {"num_correct": [r["curve"][t]["train"]["num_correct"]
-                                                  for t in steps]}}
-                       if "train" in r["curve"][steps[0]] else {})})
+                    **{split: {"num_correct": [r["curve"][t][split]["num_correct"]
+                                               for t in steps]}
+                       for split in ("train", "test") if split in r["curve"][steps[0]]}})
     return out
 
 
@@ -239,12 +243,16 @@ def export_results(cfg: ml_collections.ConfigDict, workdir: str,
     arrays = data_arrays(data)
     validity = read_json(os.path.join(sft_dir, VALIDITY))
     arrays["blind_q"] = np.asarray(validity["blind_q"], np.float64)
+    if "test" in validity:  # the sealed test split's blind control
+        arrays["blind_q_test"] = np.asarray(validity["test"]["blind_q"], np.float64)
     manifest: dict[str, Any] = {"config": str(cfg.get("name", "")),
                                 "config_hash": comparison_spec(cfg)["config_hash"],
                                 "methods": methods, "seeds": seeds, "curve_analysis": curve}
     prereg = preregistration_path(cfg)
     prereg_copy = os.path.join(out_dir, PREREGISTRATION) if os.path.exists(prereg) else None
     jsons = {"comparison.json": read_json(os.path.join(results, "comparison.json"))}
+    if os.path.exists(os.path.join(results, "mechanism.json")):  # `mechanism.write_summary`
+        jsons["mechanism.json"] = read_json(os.path.join(results, "mechanism.json"))
     if os.path.exists(os.path.join(results, "frontier.json")):
         fout = jsons["frontier.json"] = read_json(os.path.join(results, "frontier.json"))
         manifest["frontier"] = {"methods": fout["methods"], "seeds": fout["seeds"],
@@ -253,7 +261,7 @@ def export_results(cfg: ml_collections.ConfigDict, workdir: str,
             lcfg = fr.lr_config(cfg, e["lr"])
             ldata = gather(lcfg, os.path.join(workdir, e["dir"]),
                            e.get("methods", fout["methods"]), e.get("seeds", fout["seeds"]),
-                           sft_dir)
+                           sft_dir, method_seeds=e.get("method_seeds"))
             arrays.update(data_arrays(ldata, f"frontier/{name}/", sft=False))
     if os.path.exists(os.path.join(results, "matched.json")):
         mout = jsons["matched.json"] = read_json(os.path.join(results, "matched.json"))

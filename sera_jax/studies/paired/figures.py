@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from sera_jax.studies.paired.kinds import words
-from sera_jax.studies.paired.spec import AA, EXPLORATORY, NULL
+from sera_jax.studies.paired.spec import AA, EXPLORATORY, NULL, SPLIT_NAMES, SPLITS
 
 
 def _save(fig: Any, path: str, record: dict[str, Any]) -> None:
@@ -136,15 +136,15 @@ def plot_comparison(table: dict, curves: dict, sft_eval: dict, results_dir: str)
 
 def plot_delta_curves(table: dict[str, Any], results_dir: str) -> str:
     """`delta_curves.png`: Δ(t) with its seed-level 95 % band against the RL step, for every
-    paired comparison (not vs the start), at pass@1 and the primary k, held-out and training
-    prompts (one panel each)."""
+    paired comparison (not vs the start), at pass@1 and the primary k, on every split scored
+    (held-out, training, sealed test prompts; one panel each)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     cur, k_prim = table["curves"], table["primary"]["k"]
-    splits = [s for s in ("eval", "train") if any(s in d for d in cur["differences"].values())]
+    splits = [s for s in SPLITS if any(s in d for d in cur["differences"].values())]
     fig, axes = plt.subplots(len(splits), 2, figsize=(10, 3.6 * len(splits)), squeeze=False)
     for row, split in enumerate(splits):
         for col, k in enumerate((1, k_prim)):
@@ -161,7 +161,7 @@ def plot_delta_curves(table: dict[str, Any], results_dir: str) -> str:
                                     [100 * p["hi"] for p in pts], alpha=0.15,
                                     color=line.get_color())
             ax.axhline(0, color="k", lw=0.6)
-            ax.set_title(f"{'held-out' if split == 'eval' else 'training'} pass@{k}")
+            ax.set_title(f"{SPLIT_NAMES[split]} pass@{k}")
             ax.set_xlabel("RL step")
             ax.set_ylabel("Δ (pp), 95 % band over seeds")
     axes[0][0].legend(fontsize=7)
@@ -254,9 +254,10 @@ def _plot_thresholds(cells: list[dict], arm: str, base: str, results_dir: str, s
 
 
 def plot_frontier(out: dict[str, Any], path: str) -> str:
-    """`frontier.png`: per arm, held-out pass@k against pass@1 over the lr grid (one point per
-    lr, 95 % t intervals over seeds on both axes, labelled by lr), with the start (uniform's
-    lr -> 0 point) and the blind control."""
+    """`frontier.png`: per arm, pass@k against pass@1 on the primary endpoint's split
+    (held-out unless `out["split"]` says otherwise) over the lr grid (one point per lr, 95 % t
+    intervals over seeds on both axes, labelled by lr), with the start (uniform's lr -> 0
+    point) and the blind control."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -292,8 +293,9 @@ def plot_frontier(out: dict[str, Any], path: str) -> str:
     # Percentages: a 2-seed t interval can reach far past [0, 100]; keep the points readable.
     ax.set_xlim(left=0)
     ax.set_ylim(0, 100)
-    ax.set_xlabel("held-out pass@1 (%)")
-    ax.set_ylabel(f"held-out {key} (%)")
+    where = SPLIT_NAMES[out.get("split", "eval")]
+    ax.set_xlabel(f"{where} pass@1 (%)")
+    ax.set_ylabel(f"{where} {key} (%)")
     ax.set_title(f"lr frontier (last {out['window']} points; 95 % t over seeds)")
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -6,7 +6,9 @@ For every lr of `frontier.learning_rates`: the comparison of `frontier.methods` 
 runs of `frontier.methods` and `compare.methods` with `compare.seeds` and the comparison's
 null seeds -- so `frontier.methods = ("uniform",)` draws uniform's frontier and places the
 compared methods at the config's lr without running them at every lr. Each method's point is
-(held-out pass@1, held-out pass@k) with k and the window of `compare.primary`: per seed the
+(pass@1, pass@k) on the primary endpoint's split (`compare.primary.split`: held-out prompts,
+or the sealed test split, when the held-out points are kept beside as `points_eval`,
+`sft_eval`, `blind_eval`) with k and the window of `compare.primary`: per seed the
 mean over the last `window` evaluation points, then the Student t interval over seeds. Each
 lr's gate is `curves.null_gate` (baseline − null at held-out pass@1, CI above 0 and mean above
 `compare.gate_floor_multiple` × the noise floor).
@@ -26,9 +28,16 @@ point. SERA's distance above that frontier at its own pass@1 carries a seed-boot
 independently, recomputes the mean points and the interpolated distance; the SFT start is one
 fixed policy; resamples whose SERA pass@1 falls outside the frontier's pass@1 range are left
 out and counted). The blind control's (pass@1, pass@k) is tabled and drawn beside them.
+Frontier gap (`gap`): for every method with points at >= 2 lrs, its frontier minus the
+baseline's at matched pass@1 over the overlap of their pass@1 ranges and at 2 levels inside
+it, with a seed bootstrap paired by seed id and, against `frontier.margin` (optional), the
+equivalence test. `frontier.method_seeds` (optional, method -> seeds) gives a method its own
+seeds at every lr in place of `frontier.seeds` (at the config's own lr only a frontier method
+that is not compared; the compared ones keep `compare.seeds`).
 The frontier is pre-registered (`prereg`, section "frontier": metric, window, lr grid and the
-rules) and refuses to run on a start that does not read its prompts (`validity`); an
-exploratory config (`compare.exploratory`) runs without it and its outputs say so.
+rules, and `method_seeds` and the margin with the gap's rule when set) and refuses to run on
+a start that does not read its prompts (`validity`); an exploratory config
+(`compare.exploratory`) runs without it and its outputs say so.
 
 Outputs: `results/frontier.{json,md,png}`.
 """
@@ -47,21 +56,26 @@ from sera_jax.records import log_timing, write_json
 from sera_jax.studies import compare as cmp
 from sera_jax.studies.compare import above_frontier
 from sera_jax.studies.paired.figures import plot_frontier
-from sera_jax.studies.paired.kinds import get_kind
+from sera_jax.studies.paired.gap import frontier_gaps, gap_lines
+from sera_jax.studies.paired.kinds import get_kind, words
 from sera_jax.studies.paired.prereg import check_preregistration
 from sera_jax.studies.paired.report import aggregate
 from sera_jax.studies.paired.spec import (
     DISTANCE_RULE,
     NULL,
     SELECTION_RULE,
+    SPLIT_NAMES,
     all_methods,
     arms,
     frontier_learning_rates,
+    frontier_margin,
+    frontier_method_seeds,
     frontier_seeds,
     is_config_lr,
     is_exploratory,
     lr_arms,
     lr_config,
+    primary_split,
 )
 from sera_jax.studies.paired.stages import run_plan
 from sera_jax.studies.paired.tables import exploratory_banner, prereg_lines
@@ -76,35 +90,62 @@ def lr_dir(cfg: ml_collections.ConfigDict, workdir: str, lr: float) -> str:
     return os.path.join(workdir, "frontier", f"lr{lr:g}")
 
 
-def _window_values(table: dict[str, Any], arm: str, k: int, window: int) -> list[float]:
-    """Per seed: held-out pass@k averaged over the last `window` evaluation points."""
+def _window_values(table: dict[str, Any], arm: str, k: int, window: int,
+                   split: str = "eval") -> list[float]:
+    """Per seed: pass@k on `split` averaged over the last `window` evaluation points."""
     runs = table["curves"]["per_seed"].get(arm, {})
-    return [float(np.mean(r["eval"]["pass_at_k"][str(k)][-window:])) for r in runs.values()]
+    return [float(np.mean(r[split]["pass_at_k"][str(k)][-window:])) for r in runs.values()]
 
 
-def point(table: dict[str, Any], arm: str, k: int, window: int, level: float
-          ) -> dict[str, Any] | None:
-    """One arm's frontier point: {pass@1, pass@k} as `compare.seed_interval`s."""
-    x1, xk = _window_values(table, arm, 1, window), _window_values(table, arm, k, window)
+def point(table: dict[str, Any], arm: str, k: int, window: int, level: float,
+          split: str = "eval") -> dict[str, Any] | None:
+    """One arm's frontier point on `split`: {pass@1, pass@k} as `compare.seed_interval`s."""
+    x1 = _window_values(table, arm, 1, window, split)
+    xk = _window_values(table, arm, k, window, split)
     if not x1:
         return None
     return {"pass@1": cmp.seed_interval(x1, level), f"pass@{k}": cmp.seed_interval(xk, level),
             "seeds": [int(s) for s in table["curves"]["per_seed"][arm]]}
 
 
-def start_point(table: dict[str, Any], k: int, window: int) -> dict[str, float]:
-    """The SFT start's (pass@1, pass@k): its held-out curve (each point scored with that
+def start_point(table: dict[str, Any], k: int, window: int, split: str = "eval"
+                ) -> dict[str, float]:
+    """The SFT start's (pass@1, pass@k): its curve on `split` (each point scored with that
     point's keys) averaged over the last `window` points, as every run's point."""
-    v = table["curves"]["sft"]["eval"]["pass_at_k"]
+    v = table["curves"]["sft"][split]["pass_at_k"]
     return {"pass@1": float(np.mean(v["1"][-window:])),
             f"pass@{k}": float(np.mean(v[str(k)][-window:]))}
 
 
-def blind_point(table: dict[str, Any], k: int) -> dict[str, float] | None:
-    """The blind control's exact (pass@1, pass@k), when the table has it."""
-    b = table.get("blind", {}).get("pass_at_k", {})
+def blind_point(table: dict[str, Any], k: int, split: str = "eval"
+                ) -> dict[str, float] | None:
+    """The blind control's exact (pass@1, pass@k) on `split`, when the table has it."""
+    b = table.get("blind", {}).get("pass_at_k" if split == "eval" else f"{split}_pass_at_k",
+                                   {})
     return ({"pass@1": float(b["1"]), f"pass@{k}": float(b[str(k)])}
             if "1" in b and str(k) in b else None)
+
+
+def lr_points(table: dict[str, Any], arms_: Sequence[str], k: int, window: int, level: float,
+              split: str = "eval") -> dict[str, Any]:
+    """One lr's `points` on `split` (the primary's) and, when that is not the held-out split,
+    the held-out points beside them (`points_eval`)."""
+    out = {"points": {arm: p for arm in arms_
+                      if (p := point(table, arm, k, window, level, split)) is not None}}
+    if split != "eval":
+        out["points_eval"] = {arm: p for arm in arms_
+                              if (p := point(table, arm, k, window, level)) is not None}
+    return out
+
+
+def start_points(table: dict[str, Any], k: int, window: int, split: str = "eval"
+                 ) -> dict[str, Any]:
+    """The start's and the blind control's points on `split` (`sft`, `blind`) and, when that
+    is not the held-out split, the held-out ones beside them (`sft_eval`, `blind_eval`)."""
+    out = {"sft": start_point(table, k, window, split), "blind": blind_point(table, k, split)}
+    if split != "eval":
+        out.update(sft_eval=start_point(table, k, window), blind_eval=blind_point(table, k))
+    return out
 
 
 def frontier_distance(reference: Sequence[tuple[Sequence[float], Sequence[float]]],
@@ -156,10 +197,12 @@ def stage_frontier(cfg: ml_collections.ConfigDict, workdir: str, mesh=None,
     k, window, level = int(spec.k), int(spec.window), float(cfg.compare.level)
     base = cfg.compare.baseline
     sft_dir = os.path.join(workdir, "sft")
+    split = primary_split(cfg)
     out: dict[str, Any] = {
         "methods": methods, "seeds": all_seeds, "k": k, "window": window,
-        "metric": f"held-out pass@1 and pass@{k}, per seed averaged over the last {window} "
-                  f"evaluation points; {100 * level:.0f} % Student t interval over seeds",
+        "metric": f"{SPLIT_NAMES[split]} pass@1 and pass@{k}, per seed averaged over the last "
+                  f"{window} evaluation points; {100 * level:.0f} % Student t interval over "
+                  "seeds",
         "rule": SELECTION_RULE.format(base=base, k=k),
         "distance_rule": DISTANCE_RULE.format(k=k),
         "bootstrap": {"num_resamples": int(cfg.compare.bootstrap), "level": level,
@@ -170,25 +213,30 @@ def stage_frontier(cfg: ml_collections.ConfigDict, workdir: str, mesh=None,
         "study": get_kind(cfg).name, "lrs": {}}
     if is_exploratory(cfg):
         out["exploratory"] = True
+    if frontier_method_seeds(cfg):
+        out["method_seeds"] = frontier_method_seeds(cfg)
+    out["margin"] = frontier_margin(cfg)  # the gap's equivalence margin (None: none)
+    if split != "eval":  # the points read the primary's split; the held-out ones beside
+        out["split"] = split
     for lr in frontier_learning_rates(cfg):
         ccfg = lr_config(cfg, lr)
         cdir = lr_dir(cfg, workdir, lr)
-        lr_methods, lr_seeds = lr_arms(cfg, lr)
+        lr_methods, lr_seeds, lr_per = lr_arms(cfg, lr)
         t0 = time.perf_counter()
-        run_plan(ccfg, cdir, arms(ccfg, lr_methods, lr_seeds), mesh, only=only,
+        run_plan(ccfg, cdir, arms(ccfg, lr_methods, lr_seeds, lr_per), mesh, only=only,
                  sft_dir=sft_dir)
         results_dir = os.path.join(workdir, "frontier", f"lr{lr:g}", "results")
         table = aggregate(ccfg, cdir, lr_methods, lr_seeds, sft_dir=sft_dir, mesh=mesh,
-                          plots=False, results_dir=results_dir)
+                          plots=False, results_dir=results_dir, method_seeds=lr_per)
         log_timing(workdir, f"frontier/lr{lr:g}", time.perf_counter() - t0)
-        pts = {arm: p for arm in lr_methods + ([NULL] if ccfg.compare.null else [])
-               if (p := point(table, arm, k, window, level)) is not None}
+        pts = lr_points(table, lr_methods + ([NULL] if ccfg.compare.null else []), k, window,
+                        level, split)
         out["lrs"][f"{lr:g}"] = {"lr": lr, "dir": os.path.relpath(cdir, workdir),
                                  "methods": lr_methods, "seeds": lr_seeds,
-                                 "points": pts, "gate": table["gate"]}
-        if "sft" not in out and table["curves"]["sft"].get("eval"):
-            out["sft"] = start_point(table, k, window)
-            out["blind"] = blind_point(table, k)
+                                 **({"method_seeds": lr_per} if lr_per else {}),
+                                 **pts, "gate": table["gate"]}
+        if "sft" not in out and table["curves"]["sft"].get(split):
+            out.update(start_points(table, k, window, split))
         out.update(summarise(out, base, k))
         write_frontier(out, os.path.join(workdir, "results"))
     return out
@@ -197,7 +245,8 @@ def stage_frontier(cfg: ml_collections.ConfigDict, workdir: str, mesh=None,
 def summarise(out: dict[str, Any], base: str, k: int) -> dict[str, Any]:
     """The selected lr (module docstring) and, per other method, its points' distance above
     the baseline's frontier (the SFT start, `out["sft"]`, its lr -> 0 point when present),
-    with the seed-bootstrap CI of `frontier_distance` (`out["bootstrap"]` settings)."""
+    with the seed-bootstrap CI of `frontier_distance` (`out["bootstrap"]` settings), and
+    the frontier-to-frontier `gap` (`gap.frontier_gaps`, against `out["margin"]`)."""
     key = f"pass@{k}"
     admissible = {name: e["points"][base][key]["mean"] for name, e in out["lrs"].items()
                   if e["gate"]["passes"] and base in e["points"]}
@@ -225,7 +274,7 @@ def summarise(out: dict[str, Any], base: str, k: int) -> dict[str, Any]:
             and "per_seed" in out["lrs"][n]["points"][m]["pass@1"]}
     return {"selected_lr": None if selected is None else out["lrs"][selected]["lr"],
             "admissible": sorted(admissible, key=float), "above_baseline_frontier": above,
-            "above_baseline_frontier_ci": ci}
+            "above_baseline_frontier_ci": ci, "gap": frontier_gaps(out, base, k)}
 
 
 def frontier_markdown(out: dict[str, Any]) -> str:
@@ -254,6 +303,17 @@ def frontier_markdown(out: dict[str, Any]) -> str:
     sel = out.get("selected_lr")
     admissible = ", ".join(out.get("admissible", [])) or "none"
     chosen = "none (no lr passes the gate)" if sel is None else f"{sel:g}"
+    if any("points_eval" in e for e in out["lrs"].values()):
+        lines += ["", f"Beside them, on the held-out {words(out.get('study')).prompts} (%):",
+                  "", f"| lr | arm | seeds | pass@1 | {key} |", "|---|---|---|---|---|"]
+        if out.get("sft_eval"):
+            p = out["sft_eval"]
+            lines.append(f"| lr -> 0 | SFT start | – | {100 * p['pass@1']:.2f} | "
+                         f"{100 * p[key]:.2f} |")
+        for name, e in out["lrs"].items():
+            for arm, p in e.get("points_eval", {}).items():
+                lines.append(f"| {name} | {arm} | {p['pass@1']['seeds']} | {ci(p['pass@1'])} "
+                             f"| {ci(p[key])} |")
     lines += ["", f"Rule: {out['rule']}. Admissible: {admissible}. Selected: {chosen}."]
     lines += validity_lines(out)
     for m, d in out.get("above_baseline_frontier", {}).items():
@@ -263,6 +323,7 @@ def frontier_markdown(out: dict[str, Any]) -> str:
                  for n, v in d.items()]
         lines.append(f"{m}: {key} above the baseline's frontier at its own pass@1 — "
                      + "; ".join(cells) + ".")
+    lines += gap_lines(out)
     return "\n".join(lines) + "\n"
 
 
@@ -295,4 +356,5 @@ def write_frontier(out: dict[str, Any], results_dir: str) -> None:
 
 
 __all__ = ["above_frontier", "blind_point", "frontier_distance", "frontier_markdown", "lr_dir",
-           "point", "stage_frontier", "start_point", "summarise", "write_frontier"]
+           "lr_points", "point", "stage_frontier", "start_point", "start_points", "summarise",
+           "write_frontier"]

@@ -66,14 +66,17 @@ def choose_matched_lr(frontier_out: dict[str, Any], method: str, base: str,
                       method_lr: float) -> dict[str, Any]:
     """`matched_lr` on a frontier's output: uniform's gains at every lr, SERA's at
     `method_lr` (gain = the point's pass@1 mean − the SFT start's, `frontier_out["sft"]`)."""
-    if not frontier_out.get("sft"):
+    # The rule reads held-out points: beside the primary's split's when that is another.
+    sft = frontier_out.get("sft_eval", frontier_out.get("sft"))
+    if not sft:
         raise common.StudyError("the frontier output has no SFT start point: re-run "
                                 "--stage=frontier (it records it)")
-    start = float(frontier_out["sft"]["pass@1"])
+    start = float(sft["pass@1"])
+    lrs = [{**e, "points": e.get("points_eval", e["points"])}
+           for e in frontier_out["lrs"].values()]
     gains = [(float(e["lr"]), e["points"][base]["pass@1"]["mean"] - start)
-             for e in frontier_out["lrs"].values() if base in e["points"]]
-    at = [e for e in frontier_out["lrs"].values() if float(e["lr"]) == float(method_lr)
-          and method in e["points"]]
+             for e in lrs if base in e["points"]]
+    at = [e for e in lrs if float(e["lr"]) == float(method_lr) and method in e["points"]]
     if not at:
         raise common.StudyError(f"the frontier has no {method} point at lr {method_lr:g} (the "
                                 f"config's): add {method!r} to frontier.methods and the lr to "

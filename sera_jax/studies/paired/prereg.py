@@ -12,7 +12,9 @@ before any RL run, it holds, per section:
 * `frontier` (configs with a `frontier` section): its metric, k, window, lr grid, methods,
   seeds, the lr selection rule, the rule for SERA's distance above uniform's frontier, the
   lr-matched arm's rule and endpoint (`matched.MATCH_RULE`), and the hash of every lr's
-  comparison fields;
+  comparison fields; `frontier.method_seeds` and `frontier.margin` (with the frontier gap's
+  rule, `spec.GAP_RULE`) only when set (`compare.margin` is in `config.compare`, hashed
+  only when set), so the files written before them still hold;
 * `lr_matched` (added by `--stage=matched` from the frontier's results, before the arm
   runs): the lr the rule chose and the numbers it read;
 * `amendments` (added by `--stage=amend`, each before the runs it adds): a dated list of

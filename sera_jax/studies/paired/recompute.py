@@ -54,7 +54,8 @@ from sera_jax.studies.paired.validity import check_validity, validity_settings
 
 
 def _record(counts: Mapping[str, np.ndarray], key: str, n: int) -> dict[str, Any] | None:
-    """An evaluation record (num_correct, num_samples, pass_at_k, train) from the counts."""
+    """An evaluation record (num_correct, num_samples, pass_at_k, train, test) from the
+    counts."""
     if f"{key}/eval" not in counts:
         return None
 
@@ -65,8 +66,9 @@ def _record(counts: Mapping[str, np.ndarray], key: str, n: int) -> dict[str, Any
                 "pass_at_k": {str(int(k)): float(v) for k, v in zip(ks, values)}}
 
     rec = one(counts[f"{key}/eval"])
-    if f"{key}/train" in counts:
-        rec["train"] = one(counts[f"{key}/train"])
+    for split in ("train", "test"):
+        if f"{key}/{split}" in counts:
+            rec[split] = one(counts[f"{key}/{split}"])
     return rec
 
 
@@ -77,8 +79,9 @@ def _curve(counts: Mapping[str, np.ndarray], key: str, n: int) -> dict[int, dict
     out = {}
     for i, t in enumerate(steps):
         rec = {"eval": counts[f"{key}/curve/eval"][i]}
-        if f"{key}/curve/train" in counts:
-            rec["train"] = counts[f"{key}/curve/train"][i]
+        for split in ("train", "test"):
+            if f"{key}/curve/{split}" in counts:
+                rec[split] = counts[f"{key}/curve/{split}"][i]
         out[int(t)] = _record({f"p/{s}": v for s, v in rec.items()}, "p", n)
     return out
 
@@ -133,17 +136,28 @@ def load_data(cfg: ml_collections.ConfigDict, counts: Mapping[str, np.ndarray],
 def recompute_validity(cfg: ml_collections.ConfigDict, counts: Mapping[str, np.ndarray],
                        saved: Mapping[str, Any]) -> dict[str, Any]:
     """The validity record: blind pass@k from `blind_q`, the start's from its counts, the
-    check; the descriptive fields (distinct answers, path) from `saved`."""
+    check; the descriptive fields (distinct answers, path) from `saved`. The sealed test
+    split's block (`blind_q_test`, the start's test counts) likewise when `saved` has one,
+    and the override read on the gate's split (`gate_split`)."""
     s = validity_settings(cfg)
     n = int(cfg.eval.num_samples)
     ks = sorted(set(cmp.ks_for(n)) | {s["k"]})
-    blind = blind_pass_at_k(counts["blind_q"], ks)
-    start_c = counts[f"sft/0_{n}_{int(cfg.eval.seed)}/eval"]
-    v = cmp.per_prompt_pass_at_k(np.asarray(start_c), n, ks).mean(axis=-1)
-    start = {str(k): float(x) for k, x in zip(ks, v)}
-    check = check_validity(start, blind, s["k"], s["pass1_ratio"], s["blind_share"])
-    return {**saved, **check, "blind_pass_at_k": blind, "start_pass_at_k": start,
-            "override": bool(s["allow_blind_task"] and not check["passes"])}
+
+    def one(blind_q: np.ndarray, split: str, block: Mapping[str, Any]) -> dict[str, Any]:
+        blind = blind_pass_at_k(blind_q, ks)
+        start_c = counts[f"sft/0_{n}_{int(cfg.eval.seed)}/{split}"]
+        v = cmp.per_prompt_pass_at_k(np.asarray(start_c), n, ks).mean(axis=-1)
+        start = {str(k): float(x) for k, x in zip(ks, v)}
+        check = check_validity(start, blind, s["k"], s["pass1_ratio"], s["blind_share"])
+        return {**block, **check, "blind_pass_at_k": blind, "start_pass_at_k": start,
+                "override": bool(s["allow_blind_task"] and not check["passes"])}
+
+    out = one(counts["blind_q"], "eval", saved)
+    if "test" in saved:
+        out["test"] = one(counts["blind_q_test"], "test", saved["test"])
+        if saved.get("gate_split") == "test":
+            out["override"] = out["test"]["override"]
+    return out
 
 
 class ExportError(common.StudyError):
@@ -288,10 +302,11 @@ def recompute(folder: str) -> dict[str, Any]:
     if os.path.exists(fpath):
         fsaved = read_export_json(folder, "frontier.json")
         k, window = int(fsaved["k"]), int(fsaved["window"])
+        split = str(fsaved.get("split", "eval"))  # the primary's split (held-out before it)
         level = float(cfg.compare.level)
         fout = {key: fsaved[key] for key in fsaved if key not in (
-            "lrs", "sft", "blind", "selected_lr", "admissible", "above_baseline_frontier",
-            "above_baseline_frontier_ci")}
+            "lrs", "sft", "blind", "sft_eval", "blind_eval", "selected_lr", "admissible",
+            "above_baseline_frontier", "above_baseline_frontier_ci")}
         fout["lrs"] = {}
         for name, e in fsaved["lrs"].items():
             lcfg = fr.lr_config(cfg, e["lr"])
@@ -299,14 +314,14 @@ def recompute(folder: str) -> dict[str, Any]:
             ldata["validity"] = data["validity"]
             lr_methods = e.get("methods", fsaved["methods"])
             ltable = build_table(lcfg, ldata, lr_methods)
-            pts = {arm: p for arm in lr_methods + ([fr.NULL] if lcfg.compare.null else [])
-                   if (p := fr.point(ltable, arm, k, window, level)) is not None}
-            fout["lrs"][name] = {"lr": e["lr"], "dir": e["dir"], "points": pts,
+            pts = fr.lr_points(ltable, lr_methods + ([fr.NULL] if lcfg.compare.null else []),
+                               k, window, level, split)
+            fout["lrs"][name] = {"lr": e["lr"], "dir": e["dir"], **pts,
                                  "gate": ltable["gate"],
-                                 **{key: e[key] for key in ("methods", "seeds") if key in e}}
+                                 **{key: e[key] for key in ("methods", "seeds", "method_seeds")
+                                    if key in e}}
             if "sft" not in fout:
-                fout["sft"] = fr.start_point(ltable, k, window)
-                fout["blind"] = fr.blind_point(ltable, k)
+                fout.update(fr.start_points(ltable, k, window, split))
         fout.update(fr.summarise(fout, cfg.compare.baseline, k))
         out["frontier"] = fout
     mpath = os.path.join(folder, "matched.json")
@@ -339,17 +354,24 @@ def _numbers(x: Any, path: str = "") -> dict[str, Any]:
 #: result: their wording may change between versions (e.g. "prompts" for "mazes"); every
 #: number, verdict, name and outcome is compared.
 DESCRIPTIONS = ("note", "ci_method", "band_method", "two_level/method")
+#: Verdicts renamed since older exports were written (saved -> what the code says now):
+#: an interval that holds 0 is "inconclusive", never "no difference" (`compare.verdict`).
+LEGACY_VERDICTS = {"no difference": "inconclusive"}
 
 
 def compare_numbers(recomputed: Any, saved: Any, tol: float = 0.0) -> list[str]:
     """Paths (and values) of every leaf of `saved` that `recomputed` lacks or differs on
-    (numbers: by more than `tol`; the wording of `DESCRIPTIONS` leaves is not compared);
-    JSON round trip first (tuples, int keys)."""
+    (numbers: by more than `tol`; the wording of `DESCRIPTIONS` leaves is not compared; a
+    saved `verdict` leaf is read through `LEGACY_VERDICTS`); JSON round trip first (tuples,
+    int keys). Leaves only `recomputed` has (fields added since the export) are not
+    differences."""
     a, b = _numbers(canonical(recomputed)), _numbers(canonical(saved))
     bad = []
     for path, v in b.items():
         if path.endswith(tuple("/" + d for d in DESCRIPTIONS)) and isinstance(v, str):
             continue
+        if path.endswith("/verdict") and isinstance(v, str):
+            v = LEGACY_VERDICTS.get(v, v)
         w = a.get(path, "<missing>")
         same = (abs(w - v) <= tol if isinstance(v, int | float) and isinstance(w, int | float)
                 and not isinstance(v, bool) else w == v)

@@ -26,11 +26,13 @@ from sera_jax.studies.paired.curves import (
 from sera_jax.studies.paired.evaluation import sft_points
 from sera_jax.studies.paired.figures import plot_comparison, plot_delta_curves
 from sera_jax.studies.paired.kinds import get_kind
+from sera_jax.studies.paired.mechanism import write_summary as write_mechanism
 from sera_jax.studies.paired.prereg import check_primary
 from sera_jax.studies.paired.spec import (
     AA,
     ALLOC_RECORDS,
     NULL,
+    SPLITS,
     arms,
     eval_steps,
     is_exploratory,
@@ -142,11 +144,13 @@ RUN_FIELDS = ("rollouts", "tokens", "reward_mean_last", "kappa_believed_min",
 def gather(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[str],
            seeds: Sequence[int], sft_dir: str | None = None, mesh=None,
            arm_configs: Mapping[str, ml_collections.ConfigDict] | None = None,
-           curve_analysis: bool = True) -> dict[str, Any]:
+           curve_analysis: bool = True,
+           method_seeds: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
     """Everything `build_table` reads, from the workdir: the SFT start's scorings
     (`sft_points`), per arm and finished seed the final record, the curve records
     (`curves.curve_records`), the noise-key record, the run fields `RUN_FIELDS` and the
-    per-step diagnostics; the κ shift per arm; the validity record; the plots' curves."""
+    per-step diagnostics; the κ shift per arm; the validity record; the plots' curves.
+    `method_seeds`: per-method seeds in place of `seeds` (`spec.arms`; the frontier's)."""
     sft_dir = sft_dir or os.path.join(workdir, "sft")
     num_steps, n = int(cfg.rl.num_steps), int(cfg.eval.num_samples)
     sft_eval = read_json(os.path.join(sft_dir, "eval.json"))
@@ -157,7 +161,7 @@ def gather(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[str],
                             "validity": (validity_record(cfg, sft_dir)
                                          if os.path.exists(os.path.join(sft_dir, "eval.json"))
                                          and "final" in sft_eval else None)}
-    for arm, arm_seeds in arms(cfg, methods, seeds):
+    for arm, arm_seeds in arms(cfg, methods, seeds, method_seeds):
         acfg = (arm_configs or {}).get(arm, cfg)
         shift = rl_config.method(run_config(acfg, arm, 0)).kappa_shift
         data["shifts"][arm], data["runs"][arm], data["plot_curves"][arm] = shift, {}, []
@@ -192,9 +196,10 @@ def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[st
               seeds: Sequence[int], sft_dir: str | None = None, mesh=None,
               plots: bool = True, results_dir: str | None = None,
               arm_configs: Mapping[str, ml_collections.ConfigDict] | None = None,
-              curve_analysis: bool = True) -> dict[str, Any]:
-    """Collect finished runs (`gather`) -> `build_table` -> `results/comparison.{json,md}`
-    and figures; returns the table.
+              curve_analysis: bool = True,
+              method_seeds: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
+    """Collect finished runs (`gather`, with `method_seeds`) -> `build_table` ->
+    `results/comparison.{json,md}` and figures; returns the table.
 
     `arm_configs` (the regime's θ axis): per-method configs where they differ from `cfg`.
     `curve_analysis` (off for the regime's cells, evaluated at the end only): with
@@ -206,7 +211,8 @@ def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[st
     os.makedirs(results_dir, exist_ok=True)
     if curve_analysis and os.path.exists(os.path.join(workdir, PREREGISTERED)):
         preregister(cfg, workdir)  # refuses a primary / exploratory changed after the runs
-    data = gather(cfg, workdir, methods, seeds, sft_dir, mesh, arm_configs, curve_analysis)
+    data = gather(cfg, workdir, methods, seeds, sft_dir, mesh, arm_configs, curve_analysis,
+                  method_seeds)
     table = build_table(cfg, data, methods, curve_analysis)
     if is_exploratory(cfg):
         table["exploratory"] = True
@@ -216,6 +222,9 @@ def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[st
     write_json(os.path.join(results_dir, "comparison.json"), table)
     with open(os.path.join(results_dir, "comparison.md"), "w") as f:
         f.write(comparison_markdown(table))
+    # mechanism.{json,md}: update norms, clipping, distance and KL from the start (if recorded)
+    write_mechanism(results_dir, workdir, arms(cfg, methods, seeds, method_seeds),
+                    is_exploratory(cfg))
     if plots:
         plot_comparison(table, data["plot_curves"], data["sft_eval"], results_dir)
         if "curves" in table:
@@ -267,40 +276,51 @@ def build_table(cfg: ml_collections.ConfigDict, data: Mapping[str, Any],
                       f"policy at a point is scored with that point's keys"),
         "noise_floor": {"eval": cmp.noise_floor(sft_final["num_correct"],
                                                 sft_noise["num_correct"], n, ks, **boot)}}
+    # The splits scored besides the held-out one ('train', the sealed 'test'), when present.
+    others = [s for s in SPLITS if s != "eval" and s in sft_final]
+    if "test" in sft_final:
+        table["sft"]["test_pass_at_k"] = sft_final["test"]["pass_at_k"]
+        table["num_prompts"]["test"] = len(sft_final["test"]["num_correct"])
     if data.get("validity") is not None:
         table["validity"] = data["validity"]
         table["blind"] = {"pass_at_k": dict(data["validity"]["blind_pass_at_k"]),
                           "note": f"{w.blind} guesser: {w.blind_note}; exact pass@k "
                                   "(sft/validity.json)"}
-    if "train" in sft_final:
-        table["noise_floor"]["train"] = cmp.noise_floor(
-            sft_final["train"]["num_correct"], sft_noise["train"]["num_correct"], n, ks, **boot)
+        if "test" in data["validity"]:
+            table["blind"]["test_pass_at_k"] = dict(
+                data["validity"]["test"]["blind_pass_at_k"])
+    for split in others:
+        table["noise_floor"][split] = cmp.noise_floor(
+            sft_final[split]["num_correct"], sft_noise[split]["num_correct"], n, ks, **boot)
     correct: dict[str, dict[int, dict[str, list[int]]]] = {}
     for arm, runs in data["runs"].items():
         correct[arm] = {seed: {"eval": r["final"]["num_correct"],
-                               "train": r["final"].get("train", {}).get("num_correct")}
+                               **{s: r["final"].get(s, {}).get("num_correct")
+                                  for s in SPLITS if s != "eval"}}
                         for seed, r in runs.items()}
         if not runs:
             continue
         finals = [r["final"] for r in runs.values()]
         entry = {"seeds": list(runs), "pass_at_k": {}, "train_pass_at_k": {}}
+        if "test" in finals[0]:
+            entry["test_pass_at_k"] = {}
         for k in finals[0]["pass_at_k"]:
             entry["pass_at_k"][k] = _summary([f["pass_at_k"][k] for f in finals])
-            if "train" in finals[0]:
-                entry["train_pass_at_k"][k] = _summary([f["train"]["pass_at_k"][k]
-                                                        for f in finals])
+            for split in [s for s in SPLITS if s != "eval" and s in finals[0]]:
+                entry[f"{split}_pass_at_k"][k] = _summary([f[split]["pass_at_k"][k]
+                                                           for f in finals])
         for field in RUN_FIELDS:
             vals = [r["fields"][field] for r in runs.values()]
             entry[field] = _summary(vals) if all(v is not None for v in vals) else None
         table["methods"][arm] = entry
 
-    sft_c = {"eval": sft_final["num_correct"], "train": sft_final.get("train", {}).get(
-        "num_correct")}
+    sft_c = {"eval": sft_final["num_correct"],
+             **{s: sft_final.get(s, {}).get("num_correct") for s in SPLITS if s != "eval"}}
     table["paired"], table["vs_sft"] = {}, {}
     base = cfg.compare.baseline
     for arm in table["methods"]:
         table["vs_sft"][arm] = {}
-        for split in ("eval", "train"):
+        for split in SPLITS:
             if sft_c[split] is None:
                 continue
             s_ids = sorted(correct[arm])
@@ -313,7 +333,7 @@ def build_table(cfg: ml_collections.ConfigDict, data: Mapping[str, Any],
         if not common_seeds:
             continue
         table["paired"][arm] = {"seeds": common_seeds}
-        for split in ("eval", "train"):
+        for split in SPLITS:
             if sft_c[split] is None:
                 continue
             diff = cmp.paired_difference([correct[arm][s][split] for s in common_seeds],
@@ -383,11 +403,11 @@ def paired_floor(cfg: ml_collections.ConfigDict, runs: Mapping[str, Mapping[int,
         return {"measured": False, "note": "the final policies were not scored with the noise "
                                            "key set (eval.paired_noise=False)"}
     out: dict[str, Any] = {"measured": True, "pair": f"{method} − {base}", "seeds": seeds}
-    for split in ("eval", "train"):
+    for split in SPLITS:
         def counts(arm: str, which: str, split: str = split) -> list | None:
             recs = [runs[arm][s][which] for s in seeds]
             return ([r["num_correct"] for r in recs] if split == "eval" else
-                    [r["train"]["num_correct"] for r in recs] if "train" in recs[0] else None)
+                    [r[split]["num_correct"] for r in recs] if split in recs[0] else None)
 
         a1, b1, a2, b2 = (counts(method, "final"), counts(base, "final"),
                           counts(method, "noise"), counts(base, "noise"))

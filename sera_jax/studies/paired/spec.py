@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -27,6 +27,7 @@ from sera_jax.rl import trainer as trainer_lib
 from sera_jax.sampling import SamplingConfig
 from sera_jax.studies import common
 from sera_jax.studies.paired.kinds import get_kind
+from sera_jax.studies.paired.kinds.base import SPLIT_NAMES
 
 STAGES = ("sft", "rl", "eval", "all", "compare", "regime", "frontier", "preregister",
           "amend", "matched", "export")
@@ -37,17 +38,21 @@ NULL = "null"
 AA = "aa"
 #: Control arms (not method names): the null control and the A/A arm.
 CONTROLS = (NULL, AA)
-#: `compare.primary.split` values: held-out prompts and training prompts.
-SPLITS = ("eval", "train")
+#: `compare.primary.split` values: held-out prompts, training prompts and the sealed test
+#: split (a kind's `test_split`, scored only when `eval.test_prompts` > 0).
+SPLITS = ("eval", "train", "test")
 #: Fingerprint fields a resumed run may change (how long and how often, never what).
 RESUMABLE = trainer_lib.RESUMABLE + sft_lib.RESUMABLE + ("eval.every", "eval.batch_size",
                                                          "compare", "regime")
-#: Per-split fold of the evaluation key (held-out and training prompts get independent keys).
-SPLIT_FOLD = {"eval": 0, "train": 1}
+#: Per-split fold of the evaluation key (each split's prompts get independent keys).
+SPLIT_FOLD = {"eval": 0, "train": 1, "test": 2, "kl": 3}  # kl: `mechanism.measure`
 ALLOC_RECORDS = "alloc.jsonl"
 #: `eval.paired_noise`: also score each run's final policy with the noise key set
 #: (the paired noise floor, `report.paired_floor`); off for configs that predate it.
-EVAL_DEFAULTS = {"kv_cache_dtype": "", "paired_noise": False}
+#: `eval.test_prompts`: sealed test prompts scored at every point (0: none).
+#: `eval.kl_prompts` x `eval.kl_samples`: KL(π_t ‖ π_start) at every point (`mechanism`).
+EVAL_DEFAULTS = {"kv_cache_dtype": "", "paired_noise": False, "test_prompts": 0,
+                 "kl_prompts": 32, "kl_samples": 8}
 
 
 #: What every output of an exploratory run says (`compare.exploratory`).
@@ -84,6 +89,40 @@ def start_fingerprint(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     return get_kind(cfg).start_fingerprint(cfg)
 
 
+def test_split(cfg: ml_collections.ConfigDict) -> dict[str, Any] | None:
+    """The fields that define the task's sealed test split (its kind's `test_split`; None:
+    the task has none)."""
+    return get_kind(cfg).test_split(cfg)
+
+
+def test_prompts(cfg: ml_collections.ConfigDict) -> int:
+    """`eval.test_prompts` (0 when the config predates it)."""
+    return int(cfg.eval.get("test_prompts", 0) or 0)
+
+
+def eval_splits(cfg: ml_collections.ConfigDict) -> list[str]:
+    """The splits every evaluation point scores: 'eval', 'train' when `eval.train_prompts`
+    > 0, 'test' when `eval.test_prompts` > 0 (in `SPLITS` order)."""
+    return (["eval"] + (["train"] if int(cfg.eval.train_prompts) > 0 else [])
+            + (["test"] if test_prompts(cfg) > 0 else []))
+
+
+def primary_split(cfg: ml_collections.ConfigDict) -> str:
+    """`compare.primary.split` ('eval' without a primary endpoint)."""
+    p = cfg.compare.get("primary")
+    return "eval" if p is None else str(p.split)
+
+
+def eval_fields(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+    """What a run's evaluation measures: `config.eval` (`EVAL_DEFAULTS` trimmed) and, when
+    sealed test prompts are scored, the test split's fields (`test_split`: the start's
+    fingerprint leaves them out)."""
+    out = loop.trim_fields(cfg.eval.to_dict(), defaults=EVAL_DEFAULTS)
+    if test_prompts(cfg) > 0:
+        out["test_split"] = test_split(cfg)
+    return out
+
+
 def make_mesh(cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:
     return shd.make_mesh(dict(cfg.rl.mesh))
 
@@ -110,12 +149,15 @@ def run_config(cfg: ml_collections.ConfigDict, method: str, seed: int
     return rl
 
 
-def arms(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[int]
+def arms(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[int],
+         method_seeds: Mapping[str, Sequence[int]] | None = None
          ) -> list[tuple[str, list[int]]]:
-    """(arm, seeds) of a comparison: every method with `seeds`, then the null control (when
+    """(arm, seeds) of a comparison: every method with `seeds` (or its own entry of
+    `method_seeds`: the frontier's per-method seeds, `lr_arms`), then the null control (when
     `compare.null`) with `compare.null_seeds` and the A/A arm (when `compare.aa` and the
     baseline is among `methods`) with `compare.aa_seeds` (each: empty = `seeds`)."""
-    out = [(m, list(seeds)) for m in methods]
+    per = method_seeds or {}
+    out = [(m, list(per.get(m, seeds))) for m in methods]
     if cfg.compare.null:
         null_seeds = common.int_list(cfg.compare.null_seeds, "compare.null_seeds")
         out.append((NULL, null_seeds or list(seeds)))
@@ -150,7 +192,7 @@ def rl_fingerprint(cfg: ml_collections.ConfigDict, rl: ml_collections.ConfigDict
     method = method if method is not None else rl_config.method(rl)
     return {**start_fingerprint(cfg), "start": {"sft_step": int(sft_step)},
             "rl": rl_config.fingerprint(rl, method),
-            "eval": loop.trim_fields(cfg.eval.to_dict(), defaults=EVAL_DEFAULTS)}
+            "eval": eval_fields(cfg)}
 
 
 def eval_steps(cfg: ml_collections.ConfigDict) -> list[int]:
@@ -196,6 +238,24 @@ DISTANCE_RULE = ("a method's distance above the baseline's frontier: its mean pa
                  "bootstrap over seeds, each (lr, arm) resampled independently")
 
 
+GAP_RULE = ("a method's frontier gap: its frontier minus the baseline's at matched pass@1 "
+            "(each frontier: the method's mean (pass@1, pass@{k}) point at every lr plus the "
+            "SFT start as the lr -> 0 point of both, sorted by pass@1, linear between "
+            "points, no extrapolation), averaged over the overlap of the two pass@1 ranges "
+            "and at 2 pass@1 levels inside it, for every method with points at >= 2 lrs; "
+            "CI: {level:.0f} % percentile bootstrap over seed ids, every (lr, arm) group "
+            "taking the drawn seeds it has; equivalent within ±margin when the {tost:.0f} % "
+            "bootstrap interval lies inside it, better / worse when the {level:.0f} % one "
+            "lies clear of 0, else inconclusive")
+
+
+def gap_rule(cfg: ml_collections.ConfigDict) -> str:
+    """`GAP_RULE` for the config's primary k and `compare.level`."""
+    level = float(cfg.compare.level)
+    return GAP_RULE.format(k=int(cfg.compare.primary.k), level=100 * level,
+                           tost=100 * (2 * level - 1))
+
+
 def frontier_learning_rates(cfg: ml_collections.ConfigDict) -> list[float]:
     """`frontier.learning_rates`: a non-empty tuple of positive floats."""
     lrs = common.nonempty(common.float_list(cfg.frontier.learning_rates,
@@ -219,6 +279,37 @@ def frontier_seeds(cfg: ml_collections.ConfigDict) -> list[int]:
                            "frontier.seeds")
 
 
+def frontier_method_seeds(cfg: ml_collections.ConfigDict) -> dict[str, list[int]]:
+    """`frontier.method_seeds` (absent, None or empty: {}): method -> the seeds it runs with
+    at the frontier's lrs instead of `frontier.seeds` (e.g. SERA 6 seeds, its peers 4). A
+    config file sets it as `ml_collections.ConfigDict({"sera": (0, 1, 2, 3, 4, 5)})`; every
+    key must be a method of `frontier.methods`, every value a non-empty tuple of integers
+    >= 0 (StudyError naming the field otherwise)."""
+    raw = cfg.frontier.get("method_seeds")
+    if raw is None:
+        return {}
+    if isinstance(raw, ml_collections.ConfigDict):
+        raw = raw.to_dict()
+    common.check(isinstance(raw, Mapping), "frontier.method_seeds", raw,
+                 "a mapping method -> tuple of seeds, e.g. "
+                 "ml_collections.ConfigDict({'sera': (0, 1, 2, 3, 4, 5)})")
+    methods = frontier_methods(cfg)
+    out = {}
+    for name, seeds in raw.items():
+        common.check(name in methods, "frontier.method_seeds", name,
+                     f"a method of frontier.methods={tuple(methods)!r}")
+        what = f"frontier.method_seeds.{name}"
+        out[str(name)] = common.nonempty(common.int_list(seeds, what), what)
+    return out
+
+
+def frontier_margin(cfg: ml_collections.ConfigDict) -> float | None:
+    """`frontier.margin`: the frontier gap's equivalence margin (pass@k units; None: none
+    registered). Checked in `config.validate_frontier`."""
+    m = cfg.frontier.get("margin")
+    return None if m is None else float(m)
+
+
 def is_config_lr(cfg: ml_collections.ConfigDict, lr: float) -> bool:
     """Whether `lr` is the config's own (the comparison's runs are that lr's point)."""
     return float(lr) == float(cfg.rl.optimizer.learning_rate)
@@ -236,15 +327,20 @@ def lr_config(cfg: ml_collections.ConfigDict, lr: float) -> ml_collections.Confi
     return out
 
 
-def lr_arms(cfg: ml_collections.ConfigDict, lr: float) -> tuple[list[str], list[int]]:
-    """(methods, seeds) at `lr`: `frontier.methods` x `frontier.seeds`; at the config's own lr
-    also `compare.methods`, with `compare.seeds` (the comparison's runs, already there)."""
-    methods, seeds = frontier_methods(cfg), frontier_seeds(cfg)
+def lr_arms(cfg: ml_collections.ConfigDict, lr: float
+            ) -> tuple[list[str], list[int], dict[str, list[int]]]:
+    """(methods, seeds, method_seeds) at `lr`, as `arms` takes them: `frontier.methods` x
+    `frontier.seeds`, the methods of `frontier.method_seeds` with their own seeds; at the
+    config's own lr also `compare.methods`, every compared method with `compare.seeds` (the
+    comparison's runs, already there) and a frontier method that is not compared with its
+    `frontier.method_seeds` entry, else `compare.seeds`."""
+    methods, seeds, per = frontier_methods(cfg), frontier_seeds(cfg), frontier_method_seeds(cfg)
     if not is_config_lr(cfg, lr):
-        return methods, seeds
+        return methods, seeds, per
     compared = common.method_names(cfg.compare.methods, "compare.methods")
     return (methods + [m for m in compared if m not in methods],
-            common.int_list(cfg.compare.seeds, "compare.seeds"))
+            common.int_list(cfg.compare.seeds, "compare.seeds"),
+            {m: s for m, s in per.items() if m not in compared})
 
 
 def all_methods(cfg: ml_collections.ConfigDict) -> list[str]:
@@ -306,11 +402,11 @@ def comparison_fields(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     return {"arms": arm_fields(cfg, methods, seeds), "compare": compare}
 
 
-def arm_fields(cfg: ml_collections.ConfigDict, methods: list[str], seeds: list[int]
-               ) -> dict[str, Any]:
+def arm_fields(cfg: ml_collections.ConfigDict, methods: list[str], seeds: list[int],
+               method_seeds: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
     """{arm: its run fingerprint without `OMIT`} for the arms of `methods` x `seeds`."""
     return {arm: loop.trim_fields(rl_fingerprint(cfg, run_config(cfg, arm, 0), 0), OMIT)
-            for arm, _ in arms(cfg, methods, seeds)}
+            for arm, _ in arms(cfg, methods, seeds, method_seeds)}
 
 
 def fields_hash(fields: Any) -> str:
@@ -332,16 +428,23 @@ def frontier_spec(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     methods, seeds = frontier_methods(cfg), frontier_seeds(cfg)
     fields = {f"{lr:g}": arm_fields(lr_config(cfg, lr), *lr_arms(cfg, lr)) for lr in lrs}
     own = float(cfg.rl.optimizer.learning_rate)
-    return {"metric": f"held-out pass@1 and pass@{int(p.k)}, per seed the mean over the last "
-                      f"{int(p.window)} evaluation points", "k": int(p.k),
+    per, margin = frontier_method_seeds(cfg), frontier_margin(cfg)
+    at_own = dict(zip(("methods", "seeds", "method_seeds"), lr_arms(cfg, own)))
+    if not at_own["method_seeds"]:
+        del at_own["method_seeds"]
+    # method_seeds and the margin (with the gap's rule) are registered only when set, so
+    # the pre-registrations written before they existed still hold.
+    return {"metric": f"{SPLIT_NAMES[str(p.split)]} pass@1 and pass@{int(p.k)}, per seed the "
+                      f"mean over the last {int(p.window)} evaluation points", "k": int(p.k),
             "window": int(p.window), "learning_rates": lrs,
             "methods": methods, "seeds": seeds,
-            "at_config_lr": ({"lr": own, **dict(zip(("methods", "seeds"), lr_arms(cfg, own)))}
-                             if own in lrs else None),
+            **({"method_seeds": per} if per else {}),
+            "at_config_lr": {"lr": own, **at_own} if own in lrs else None,
             "null": bool(cfg.frontier.null),
             "null_seeds": common.int_list(cfg.frontier.null_seeds, "frontier.null_seeds"),
             "selection_rule": SELECTION_RULE.format(base=base, k=int(p.k)),
             "distance_rule": DISTANCE_RULE.format(k=int(p.k)),
+            **({"margin": margin, "gap_rule": gap_rule(cfg)} if margin is not None else {}),
             "matched": matched_spec(cfg),
             "config_hash": fields_hash(fields)}
 

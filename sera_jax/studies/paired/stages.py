@@ -16,6 +16,7 @@ from sera_jax import methods as methods_lib
 from sera_jax.records import append_jsonl, log_timing, read_json, read_jsonl, write_jsonl
 from sera_jax.rl import trainer as trainer_lib
 from sera_jax.studies import common
+from sera_jax.studies.paired import mechanism
 from sera_jax.studies.paired.evaluation import (
     _eval_fingerprint,
     evaluate_policy,
@@ -62,7 +63,7 @@ def stage_sft(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[s
     fingerprint = {**start_fingerprint(cfg), "sft_step": sft_step,
                    "eval": _eval_fingerprint(cfg, ("num_samples", "curve_samples",
                                                    "num_prompts", "train_prompts",
-                                                   "temperature", "seed"))}
+                                                   "test_prompts", "temperature", "seed"))}
     out = common.cached_json(os.path.join(sft_dir, "eval.json"), fingerprint, compute)
     # The blind control beside the start (sft/validity.json; the RL stages' gate).
     validity = sft_validity(cfg, sft_dir, out["final"], sft_step)
@@ -135,6 +136,7 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
         policy = trainer.model(state)
         n = cfg.eval.num_samples if final else cfg.eval.curve_samples
         ev = evaluate_policy(policy, task, cfg, n, step, mesh)
+        ev["mechanism"] = mechanism.measure(cfg, policy, model, task, step, mesh)  # θ, KL
         # Generated rollouts so far (DAPO generates more than the budget B per step).
         where = {"rollouts": counter.rollouts, "tokens": counter.tokens}
         if final and cfg.eval.curve_samples != cfg.eval.num_samples:
@@ -162,7 +164,8 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
         hooks=loop.Hooks(on_start=on_start, record=record, evaluate=evaluate,
                          log_keys=("reward_mean", "mixed_fraction", "rollouts_min",
                                    "rollouts_max", "kappa_min", "kappa_mean", "loss",
-                                   "tokens_per_s", "step_time")),
+                                   "grad_norm", "update_norm", "clipped", "tokens_per_s",
+                                   "step_time")),
         stop_after=stop_after)
     log_timing(workdir, f"rl/{method}/seed{seed}", result.seconds)
     return result

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from sera_jax.studies.paired.kinds import words
-from sera_jax.studies.paired.spec import EXPLORATORY
+from sera_jax.studies.paired.spec import EXPLORATORY, SPLIT_NAMES, SPLITS
 
 
 def _pct(x: float | None, digits: int = 1) -> str:
@@ -68,10 +68,10 @@ def comparison_markdown(table: dict[str, Any]) -> str:
                  f"percent. Blind: {w.blind_policy} (exact pass@k, no sampling noise).")
     lines += ["", validity_sentence(table)]
     floor = table["noise_floor"]
-    for split in ("eval", "train"):
+    for split in SPLITS:
         if split not in floor:
             continue
-        name = "held-out" if split == "eval" else "training"
+        name = SPLIT_NAMES[split]
         lines += ["", f"**Paired differences on {name} {w.prompts}** (percentage points, mean "
                   f"[95 % CI]; noise floor = one policy, two key sets):", "",
                   "| comparison | " + " | ".join(f"pass@{k}" for k in ks) + " |",
@@ -131,7 +131,8 @@ def comparison_markdown(table: dict[str, Any]) -> str:
                      f"{f('reward_mean_last')} |")
     lines += answers_markdown(table)
     lines += ["", f"CIs: {table['ci_method']}. A difference is a win or a loss only when its "
-              "CI excludes 0 and it exceeds the noise floor; otherwise it is no difference."]
+              "CI excludes 0 and it exceeds the noise floor; otherwise it is inconclusive (=): "
+              "not shown to differ, and not shown equal either."]
     if "curves" in table:
         lines += ["", *curves_markdown(table)]
     return "\n".join(lines) + "\n"
@@ -159,11 +160,11 @@ def curves_markdown(table: dict[str, Any]) -> list[str]:
     out = ["## Over the training curve", "", f"Bands: {cur['band_method']}.", "",
            f"**Primary endpoint** (fixed in the config before the run"
            f"{_prereg_note(table)}): "
-           f"{prim['comparison']} on {'held-out' if prim['split'] == 'eval' else 'training'} "
+           f"{prim['comparison']} on {SPLIT_NAMES[prim['split']]} "
            f"pass@{prim['k']}, mean of the last {prim['window_used']} points: " +
            ("not run" if est is None else f"{_band(est)} pp, p = {p_text}") +
            f" -- **{prim['outcome']}**." + _two_level(prim.get("two_level"), w.prompts) +
-           _prereg_sentence(table), "", validity_sentence(table), "",
+           verdict_sentence(prim) + _prereg_sentence(table), "", validity_sentence(table), "",
            f"**Gate** (uniform − null at held-out pass@1 over the same window, CI above 0 and "
            f"> {table['gate'].get('floor_multiple', 2):g} × noise floor): {gate['outcome']}.",
            "", "**A/A control** (the baseline twice, different RL seeds, same evaluation "
@@ -171,12 +172,12 @@ def curves_markdown(table: dict[str, Any]) -> list[str]:
                         f"{aa['false_positives']} of {aa['cells']} (point, k, split) cells "
                         f"exclude 0: false-positive rate {100 * aa['false_positive_rate']:.1f} %"
                         " (nominal 5 %)") + "."]
-    for split in ("eval", "train"):
+    for split in SPLITS:
         rows = [(name, d[split]) for name, d in cur["differences"].items()
                 if split in d and not name.endswith("SFT")]
         if not rows:
             continue
-        out += ["", f"Δ(t) on {'held-out' if split == 'eval' else 'training'} {w.prompts} at the "
+        out += ["", f"Δ(t) on {SPLIT_NAMES[split]} {w.prompts} at the "
                 f"last point (pp, mean [95 % band over seeds]):", "",
                 "| comparison | seeds | " + " | ".join(f"pass@{k}" for k in ks) + " |",
                 "|" + "---|" * (len(ks) + 2)]
@@ -204,6 +205,39 @@ def curves_markdown(table: dict[str, Any]) -> list[str]:
     return out
 
 
+def verdict_sentence(prim: dict[str, Any]) -> str:
+    """The primary endpoint's verdict in words (`compare.judge`: margin, TOST, MDE); '' for
+    a table written before verdicts."""
+    if "verdict" not in prim:
+        return ""
+    v, t, m = prim["verdict"], prim.get("tost"), prim.get("margin")
+    mde = ("" if prim.get("mde") is None else
+           f"MDE {100 * prim['mde']:.1f} pp at {100 * prim.get('power', 0.8):.0f} % power")
+    est, floor = prim["estimate"], prim.get("floor")
+    in_floor = (est.get("lo") is not None and (est["lo"] > 0 or est["hi"] < 0)
+                and v == "inconclusive")
+    why = (f"the CI is clear of 0 but the mean lies within the noise floor "
+           f"(±{100 * floor:.1f} pp)" if in_floor and floor is not None else "")
+    if t is None:
+        text = f"no equivalence margin registered; **{v}**" + (
+            f" ({why}; {mde})" if why and mde else f" ({why or mde})" if why or mde else "")
+        return f" Verdict: {text}."
+    ci = ("no interval (fewer than 2 seeds)" if t["lo"] is None else
+          f"{100 * t['level']:.0f} % CI [{100 * t['lo']:+.1f}, {100 * t['hi']:+.1f}] pp")
+    if v.startswith("equivalent"):
+        text = f"**equivalent within ±{100 * m:.1f} pp** ({ci} inside the margin)"
+    elif v in ("better", "worse"):
+        text = (f"**{v}** ({ci} {'inside' if t['equivalent'] else 'not inside'} the "
+                f"±{100 * m:.1f} pp margin)")
+    else:
+        wide = t["lo"] is not None and t["hi"] - t["lo"] > 2 * m
+        reason = why or ("no interval" if t["lo"] is None else "CI wider than the margin"
+                         if wide else "CI not inside the margin")
+        text = f"**inconclusive**: {reason} ({ci}; margin ±{100 * m:.1f} pp)" + (
+            f"; {mde}" if mde else "")
+    return f" Verdict: {text}."
+
+
 def blind_row(table: dict[str, Any], ks: list[str], head: str, tail: str) -> str:
     """The blind control's row (percent at each k; '–' where not computed)."""
     blind = table.get("blind", {}).get("pass_at_k", {})
@@ -216,6 +250,9 @@ def validity_sentence(table: dict[str, Any]) -> str:
     if v is None:
         return "Task validity: not measured (the start stage predates the blind control)."
     text = f"**Task validity**: {v['line']}."
+    if v.get("test"):  # the sealed test split's blind control, beside the held-out one
+        gate = " (the gate's split)" if v.get("gate_split") == "test" else ""
+        text += f" Sealed test split{gate}: {v['test']['line']}."
     if v.get("override"):
         w = words(table.get("study"))
         text += (" **Override** (compare.allow_blind_task=True): the comparison ran on a start "

@@ -16,6 +16,11 @@ rl / compare / all / frontier / matched): the start reads its prompts only when
 Otherwise the study refuses with one StudyError naming the numbers and the override
 `compare.allow_blind_task=True` (a documented exploration: the override is logged and
 recorded in comparison.json / frontier.json / matched.json under "validity").
+
+With a sealed test split scored (`eval.test_prompts` > 0) the blind control and the check
+are also computed on its prompts (the start's step-0 test counts) and reported beside the
+held-out ones (`"test"` in the report and the record); a primary endpoint on "test" is gated
+on the test split (`gate_split`).
 """
 
 from __future__ import annotations
@@ -32,7 +37,14 @@ from sera_jax.records import read_json
 from sera_jax.studies import common
 from sera_jax.studies import compare as cmp
 from sera_jax.studies.paired.kinds import get_kind
-from sera_jax.studies.paired.spec import VALIDITY_DEFAULTS, build_task, start_fingerprint
+from sera_jax.studies.paired.spec import (
+    VALIDITY_DEFAULTS,
+    build_task,
+    primary_split,
+    start_fingerprint,
+    test_prompts,
+    test_split,
+)
 
 VALIDITY = "validity.json"
 OVERRIDE = "compare.allow_blind_task=True"
@@ -87,10 +99,9 @@ def sft_validity(cfg: ml_collections.ConfigDict, sft_dir: str, start: Mapping[st
     n = int(start["num_samples"])
     ks = sorted(set(cmp.ks_for(n)) | {settings["k"]})
 
-    def compute() -> dict[str, Any]:
-        task = build_task(cfg)
-        report = get_kind(cfg).blind_validity(task, "eval", int(cfg.eval.num_prompts), ks)
-        start_k = _start_pass_at_k(start["num_correct"], n, ks)
+    def one(task: Any, split: str, num_prompts: int, counts: Any) -> dict[str, Any]:
+        report = get_kind(cfg).blind_validity(task, split, num_prompts, ks)
+        start_k = _start_pass_at_k(counts, n, ks)
         blind = report["blind_pass_at_k"]
         check = check_validity(start_k, blind, settings["k"], settings["pass1_ratio"],
                                settings["blind_share"])
@@ -99,11 +110,23 @@ def sft_validity(cfg: ml_collections.ConfigDict, sft_dir: str, start: Mapping[st
                                            for k in blind},
                 "check": check}
 
+    n_test = test_prompts(cfg)
+
+    def compute() -> dict[str, Any]:
+        task = build_task(cfg)
+        out = one(task, "eval", int(cfg.eval.num_prompts), start["num_correct"])
+        if n_test > 0:  # the sealed test split, beside the held-out one
+            out["test"] = one(task, "test", n_test, start["test"]["num_correct"])
+        return out
+
     fingerprint = {**start_fingerprint(cfg), "sft_step": sft_step,
                    "start": {"num_samples": n, "key_seed": start.get("key_seed"),
                              "num_correct": list(start["num_correct"])},
                    "num_prompts": int(cfg.eval.num_prompts),
                    "thresholds": {k: v for k, v in settings.items() if k != "allow_blind_task"}}
+    if n_test > 0:
+        fingerprint["test"] = {"num_prompts": n_test, "split": test_split(cfg),
+                               "num_correct": list(start["test"]["num_correct"])}
     out = common.cached_json(os.path.join(sft_dir, VALIDITY), fingerprint, compute)
     return out
 
@@ -135,16 +158,33 @@ def validity_record(cfg: ml_collections.ConfigDict, sft_dir: str) -> dict[str, A
     report = sft_validity(cfg, sft_dir, sft_eval["final"],
                           sft_eval.get("fingerprint", {}).get("sft_step"))
     allow = validity_settings(cfg)["allow_blind_task"]
-    check = report["check"]
-    return {**check, "override": bool(allow and not check["passes"]), "allow_blind_task": allow,
-            "line": validity_line(report), "blind_pass_at_k": report["blind_pass_at_k"],
-            "start_pass_at_k": report["start_pass_at_k"],
-            "distinct_answers": report["distinct_answers"],
-            "distinct_sft_answers": report["distinct_sft_answers"],
-            "seen_in_sft": report["seen_in_sft"],
-            "num_prompts": report.get("num_prompts", report.get("num_mazes")),
-            # Relative to the workdir: outputs name no machine's folders.
-            "path": os.path.join(os.path.basename(os.path.normpath(sft_dir)), VALIDITY)}
+
+    def record(rep: Mapping[str, Any]) -> dict[str, Any]:
+        check = rep["check"]
+        return {**check, "override": bool(allow and not check["passes"]),
+                "allow_blind_task": allow, "line": validity_line(rep),
+                "blind_pass_at_k": rep["blind_pass_at_k"],
+                "start_pass_at_k": rep["start_pass_at_k"],
+                "distinct_answers": rep["distinct_answers"],
+                "distinct_sft_answers": rep["distinct_sft_answers"],
+                "seen_in_sft": rep["seen_in_sft"],
+                "num_prompts": rep.get("num_prompts", rep.get("num_mazes"))}
+
+    # Relative to the workdir: outputs name no machine's folders.
+    out = {**record(report),
+           "path": os.path.join(os.path.basename(os.path.normpath(sft_dir)), VALIDITY)}
+    if "test" in report:
+        out["test"] = record(report["test"])
+        if primary_split(cfg) == "test":  # the gate reads the primary's (sealed) split
+            out["gate_split"] = "test"
+            out["override"] = out["test"]["override"]
+    return out
+
+
+def gate_check(rec: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The part of a `validity_record` the gate reads: its test block when `gate_split` is
+    "test", else the held-out record itself."""
+    return rec["test"] if rec.get("gate_split") == "test" else rec
 
 
 def require_readable(cfg: ml_collections.ConfigDict, sft_dir: str, what: str
@@ -153,19 +193,21 @@ def require_readable(cfg: ml_collections.ConfigDict, sft_dir: str, what: str
     StudyError naming the numbers and the override), unless `compare.allow_blind_task`;
     returns `validity_record`."""
     rec = validity_record(cfg, sft_dir)
-    if not rec["passes"]:
+    gate = gate_check(rec)
+    if not gate["passes"]:
         if not rec["allow_blind_task"]:
             w = get_kind(cfg).words
             raise common.StudyError(
                 f"{what}: the {w.start_long} does not clearly read the {w.prompt}: "
-                f"{'; '.join(rec['reasons'])} ({w.blind} guesser: {w.blind_note}; "
+                f"{'; '.join(gate['reasons'])} ({w.blind} guesser: {w.blind_note}; "
                 f"{os.path.join(sft_dir, VALIDITY)}). A comparison there measures guessing: "
                 f"choose a task / start where the start reads the {w.prompt}, or set "
                 f"--config.{OVERRIDE} for a documented exploration (recorded in the outputs)")
         logging.warning("%s: %s; running anyway (%s: a documented exploration)", what,
-                        rec["line"], OVERRIDE)
+                        gate["line"], OVERRIDE)
     return rec
 
 
-__all__ = ["OVERRIDE", "VALIDITY", "check_validity", "read_validity", "require_readable",
-           "sft_validity", "validity_line", "validity_record", "validity_settings"]
+__all__ = ["OVERRIDE", "VALIDITY", "check_validity", "gate_check", "read_validity",
+           "require_readable", "sft_validity", "validity_line", "validity_record",
+           "validity_settings"]

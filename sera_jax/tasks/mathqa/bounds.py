@@ -148,7 +148,9 @@ class _Walk:
             return self.check(max(args) + math.log10(len(args)))
         if isinstance(e, sympy.exp):
             return self.check(10.0 ** min(args[0], 400.0) * _LOG10_E)
-        if e.func.__module__.startswith("sympy.functions.combinatorial"):
+        # Undefined functions (`a(0)`) are classes built at parse time with no module.
+        if (getattr(e.func, "__module__", None) or "").startswith(
+                "sympy.functions.combinatorial"):
             # factorial, binomial, subfactorial, fibonacci, ...: at most n! for the largest
             # argument n (binomial(n, k) <= 2^n, fib(n) < 2^n, n!! <= n!).
             return self.factorial(max(args, default=0.0))

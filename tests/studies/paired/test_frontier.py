@@ -98,12 +98,12 @@ def test_config_lr_is_the_comparison_with_its_methods_seeds_and_null():
 
     cfg = config_files.get_config("configs/maze/cpu_read.py")
     own = cfg.rl.optimizer.learning_rate
-    methods, seeds = frontier.lr_arms(cfg, own)
-    assert methods == ["uniform", "sera"] and seeds == list(cfg.compare.seeds)
+    methods, seeds, per = frontier.lr_arms(cfg, own)
+    assert methods == ["uniform", "sera"] and seeds == list(cfg.compare.seeds) and per == {}
     assert frontier.lr_dir(cfg, "/w", own) == "/w"
     assert tuple(frontier.lr_config(cfg, own).compare.null_seeds) == tuple(cfg.compare.null_seeds)
     other = 3e-5
-    assert frontier.lr_arms(cfg, other) == (["uniform"], list(cfg.frontier.seeds))
+    assert frontier.lr_arms(cfg, other) == (["uniform"], list(cfg.frontier.seeds), {})
     assert tuple(frontier.lr_config(cfg, other).compare.null_seeds) == (0, 1)
     assert frontier.lr_dir(cfg, "/w", other) == "/w/frontier/lr3e-05"
     assert frontier.all_methods(cfg) == ["uniform", "sera"]

@@ -181,3 +181,22 @@ def test_task_generator_in_the_fingerprint_only_when_not_prim():
     assert load_config("cpu_read").task.generator == "backtracker"
     with pytest.raises(common.StudyError, match="task.generator"):
         config.validate(_with("cpu", "task.generator", "dfs"), ("uniform",), (0,))
+
+
+def test_frontiers_config_starts_from_cpu_reads_start_with_its_rl_shape():
+    """configs/maze/frontiers.py restates cpu_read's task, SFT and RL shape (one sibling
+    level): the same start (fingerprint), the same runs but for the sealed split and lr grid."""
+    read, front = load_config("cpu_read"), load_config("frontiers")
+    assert spec.start_fingerprint(front) == spec.start_fingerprint(read)
+    for block in ("sft", "model"):
+        assert front[block].to_dict() == read[block].to_dict(), block
+    sealed = {"num_test", "test_seed"}
+    assert {k: v for k, v in front.task.to_dict().items() if k not in sealed} == \
+        read.task.to_dict()
+    rl_f, rl_r = front.rl.to_dict(), read.rl.to_dict()
+    assert rl_f == rl_r
+    for field in ("every", "paired_noise", "num_samples", "curve_samples", "num_prompts",
+                  "train_prompts", "seed", "noise_seed", "temperature"):
+        assert front.eval[field] == read.eval[field], field
+    assert front.compare.primary.split == "test" and front.task.num_test > 0
+    assert front.task.test_seed != read.task.seed

@@ -330,7 +330,7 @@ def test_tiny_runs_the_default_pipeline_in_minutes(pipeline):
         for k in ks:
             d = saved["paired"]["sera"][split][k]
             assert d["lo"] <= d["mean"] <= d["hi"] and d["verdict"] in (
-                "better", "worse", "no difference")
+                "better", "worse", "inconclusive")
             assert len(d["per_seed"]) == len(d["per_seed_ci"]) == 2
             assert saved["noise_floor"][split][k]["floor"] >= 0
             assert k in saved["vs_sft"][study.NULL][split]
@@ -417,6 +417,16 @@ def test_curve_statistics_primary_gate_and_aa(pipeline):
     # The committed pre-registration was found and matches.
     assert saved["preregistration"]["found"] and saved["preregistration"]["hash_matches"]
     assert prim["outcome"] in ("positive", "negative", "inconclusive")
+    # Its verdict (compare.judge): no margin registered, so better / worse / inconclusive,
+    # and the MDE at 80 % power from the per-seed sd of the two seeds' differences.
+    from sera_jax.studies import compare as cmp
+
+    assert prim["margin"] is None and prim["tost"] is None and prim["power"] == 0.8
+    assert prim["verdict"] in ("better", "worse", "inconclusive")
+    assert (prim["verdict"] == "better") == (prim["outcome"] == "positive")
+    assert prim["mde"] == pytest.approx(cmp.mde(prim["estimate"]["sd"], 2))
+    assert "no equivalence margin registered" in open(
+        os.path.join(work, "results", "comparison.md")).read()
     sec = saved["curves"]["secondary"]
     assert "Holm" in sec["correction"] and "sera − uniform | eval | pass@8" not in sec["endpoints"]
     assert "sera_evidence − uniform | eval | pass@8" in sec["endpoints"]
@@ -616,7 +626,7 @@ def test_paired_bootstrap_and_noise_floor():
     floor = cmp.noise_floor(counts, counts, 8, [1, 8], num_resamples=200)
     assert all(v["floor"] == 0 and v["diff"] == 0 for v in floor.values())
     assert cmp.verdict({"mean": 0.03, "lo": 0.01, "hi": 0.05}, 0.02) == "better"
-    assert cmp.verdict({"mean": 0.03, "lo": 0.01, "hi": 0.05}, 0.04) == "no difference"
+    assert cmp.verdict({"mean": 0.03, "lo": 0.01, "hi": 0.05}, 0.04) == "inconclusive"
     assert cmp.verdict({"mean": -0.03, "lo": -0.05, "hi": -0.01}, 0.02) == "worse"
     assert cmp.ks_for(128)[-1] == 128 and cmp.ks_for(12) == [1, 2, 4, 8, 12]
     v = cmp.per_prompt_pass_at_k([[0, 8], [4, 2]], 8, [1, 8])
@@ -735,6 +745,10 @@ def test_frontier_at_tiny_size_reuses_the_default_runs_and_selects_by_the_rule(
     fcfg.frontier.learning_rates = (lr, 3 * lr)
     fcfg.frontier.seeds = (0, 1)
     fcfg.frontier.null_seeds = (0, 1)
+    # SERA with its own seeds off the config's lr (there it keeps compare.seeds), and the
+    # frontier gap's equivalence margin: both pre-registered.
+    fcfg.frontier.method_seeds = ml_collections.ConfigDict({"sera": (0,)})
+    fcfg.frontier.margin = 0.05
     fcfg.compare.preregistration = str(tmp_path / "prereg.json")
     fcfg.compare.exploratory = False
     study.run(fcfg, str(tmp_path), "preregister")
@@ -743,10 +757,21 @@ def test_frontier_at_tiny_size_reuses_the_default_runs_and_selects_by_the_rule(
     assert out["lrs"][f"{lr:g}"]["dir"] == "."
     other = tmp_path / "frontier" / f"lr{3 * lr:g}"
     for arm in ("uniform", "sera", study.NULL):
-        saved = json.load(open(other / "rl" / arm / "seed1" / "config.json"))
+        saved = json.load(open(other / "rl" / arm / "seed0" / "config.json"))
         assert saved["rl"]["optimizer"]["learning_rate"] == 3 * lr
         assert set(out["lrs"][f"{3 * lr:g}"]["points"][arm]) == {"pass@1", "pass@8", "seeds"}
     assert not (other / "rl" / study.AA).exists()
+    assert not (other / "rl" / "sera" / "seed1").exists()  # frontier.method_seeds
+    assert out["lrs"][f"{3 * lr:g}"]["method_seeds"] == {"sera": [0]}
+    assert out["lrs"][f"{3 * lr:g}"]["points"]["sera"]["seeds"] == [0]
+    assert out["lrs"][f"{lr:g}"]["points"]["sera"]["seeds"] == [0, 1]
+    assert json.load(open(tmp_path / "prereg.json"))["frontier"]["margin"] == 0.05
+    g = out["gap"]["methods"]["sera"]  # SERA's frontier against uniform's, paired by seed
+    assert g["lrs"] == list(out["lrs"]) and g["mean"]["tost"]["margin"] == 0.05
+    # (The tiny policy hardly moves: the two frontiers may not overlap at all.)
+    assert g["mean"]["verdict"] in (None, "better", "worse", "inconclusive",
+                                    "equivalent within ±0.05")
+    assert (g["overlap"] is None) == (g["mean"]["verdict"] is None)
     passing = {e["lr"]: e["points"]["uniform"]["pass@8"]["mean"]
                for e in out["lrs"].values() if e["gate"]["passes"]}
     assert out["selected_lr"] == (max(passing, key=passing.get) if passing else None)
@@ -759,6 +784,7 @@ def test_frontier_at_tiny_size_reuses_the_default_runs_and_selects_by_the_rule(
     assert out["preregistration"]["found"] and out["validity"]["override"]
     md = open(tmp_path / "results" / "frontier.md").read()
     assert "| lr -> 0 | SFT start |" in md and "| – | blind (exact) |" in md
+    assert "Frontier gap vs uniform" in md and "Equivalence margin (frontier.margin)" in md
     # The lr-matched arm. The tiny policy does not learn (every gain is 0), so the rule's
     # answer is "none" (tests/studies/paired/test_frontier.py checks the rule itself); the run
     # path is checked with the rule's output forced to an lr inside the grid.

@@ -10,6 +10,7 @@ A *kind* supplies what differs between tasks:
 * the blind control: `blind_validity(task, split, num_prompts, ks)`, the exact pass@k of a
   policy that ignores the prompt, with the common keys of `BLIND_KEYS`;
 * validation of the blocks it owns (`validate(cfg)`: task, model, start);
+* `test_split(cfg)`: the fields of its task's sealed test split (None: it has none);
 * `words`: the nouns the reports use (`Words`), so no protocol module rewrites text.
 
 Adding a kind is one module: subclass `Kind`, decorate it with `@register`, import it below

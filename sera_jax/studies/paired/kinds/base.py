@@ -14,6 +14,8 @@ import numpy as np
 from sera_jax.metrics import analytic_pass_at_k
 from sera_jax.sampling import SamplingConfig
 
+#: How the outputs name each split's prompts (`spec.SPLITS`).
+SPLIT_NAMES = {"eval": "held-out", "train": "training", "test": "sealed test"}
 #: The fields every blind-control report has (`Kind.blind_validity`).
 BLIND_KEYS = ("split", "kind", "num_prompts", "blind_pass_at_k", "blind_q",
               "distinct_answers", "distinct_sft_answers", "seen_in_sft")
@@ -63,6 +65,12 @@ class Kind:
         """What defines the start (its task splits, model and training)."""
         raise NotImplementedError
 
+    def test_split(self, cfg: ml_collections.ConfigDict) -> dict[str, Any] | None:
+        """The fields that define the sealed 'test' split of `cfg`'s task, `{"num_test": n,
+        ...}` with n >= 1, or None when it has none (the default: a kind without one)."""
+        del cfg
+        return None
+
     def train_start(self, cfg: ml_collections.ConfigDict, start_dir: str, mesh: Any,
                     workdir: str) -> tuple[Any, int]:
         """Make the start in `start_dir` (or resume / skip it): (policy or None, its step)."""
@@ -83,9 +91,10 @@ class Kind:
         raise NotImplementedError
 
     def held_out_phrase(self, report: dict[str, Any]) -> str:
-        """The validity line's description of the held-out prompts of a blind report."""
+        """The validity line's description of the prompts of a blind report (held-out, or
+        the split it names)."""
         n = report.get("num_prompts", report.get("num_mazes"))
-        return f"{n} held-out {self.words.prompts}"
+        return f"{n} {SPLIT_NAMES[report.get('split', 'eval')]} {self.words.prompts}"
 
 
 def blind_pass_at_k(q: np.ndarray, ks: Sequence[int]) -> dict[str, float]:

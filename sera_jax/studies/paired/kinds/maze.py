@@ -34,7 +34,13 @@ from sera_jax.models.decoder import Decoder
 from sera_jax.records import log_timing
 from sera_jax.sampling import SamplingConfig
 from sera_jax.studies import common
-from sera_jax.studies.paired.kinds.base import Kind, Words, blind_pass_at_k, register
+from sera_jax.studies.paired.kinds.base import (
+    SPLIT_NAMES,
+    Kind,
+    Words,
+    blind_pass_at_k,
+    register,
+)
 from sera_jax.tasks import maze as maze_lib
 
 #: Model options (added after the first runs) left out of fingerprints at their default, so
@@ -45,6 +51,9 @@ MODEL_DEFAULTS = {"dtype": "float32", "scan_layers": False}
 #: `task.generator` (added after the first runs) is left out at its default, "prim", so a
 #: config that names it and one written before it share fingerprints.
 TASK_DEFAULTS = {"generator": "prim"}
+#: The sealed test split's fields (`MazeTask`'s num_test / test_seed): out of the start's
+#: fingerprint, in the evaluation's when it is scored (`Kind.test_split`).
+TEST_FIELDS = ("num_test", "test_seed")
 WORDS = Words(
     prompt="maze", prompts="mazes", start="SFT", start_long="SFT start",
     start_row="SFT (start, step-{step} keys)", blind="maze-blind",
@@ -138,6 +147,14 @@ def validate_maze(cfg: ml_collections.ConfigDict) -> None:
       t.get("generator"), f"one of {maze_lib.GENERATORS}")
     c(isinstance(t.num_sft, int) and t.num_sft >= 0, "task.num_sft", t.num_sft,
       "an integer >= 0")
+    num_test, test_seed = t.get("num_test", 0), t.get("test_seed", None)
+    c(isinstance(num_test, int) and not isinstance(num_test, bool) and num_test >= 0,
+      "task.num_test", num_test, "an integer >= 0 (0 = no sealed test split)")
+    if num_test > 0:
+        c(isinstance(test_seed, int) and not isinstance(test_seed, bool)
+          and test_seed != t.get("seed", 0), "task.test_seed", test_seed,
+          f"an integer other than task.seed={t.get('seed', 0)} (the sealed split's own "
+          f"stream; required with task.num_test={num_test})")
     c(common.positive_int(t.max_new_tokens) and
       t.max_new_tokens >= maze_lib.max_answer_length(t.size), "task.max_new_tokens",
       t.max_new_tokens, f">= the longest answer of a {t.size}x{t.size} maze "
@@ -186,9 +203,17 @@ class MazeKind(Kind):
 
     def start_fingerprint(self, cfg: ml_collections.ConfigDict) -> dict[str, Any]:
         """Task (its splits), model and SFT config."""
-        return {"task": loop.trim_fields(cfg.task.to_dict(), defaults=TASK_DEFAULTS),
+        # The SFT never reads the sealed test split (nor do the other splits depend on it).
+        task = loop.trim_fields(cfg.task.to_dict(), TEST_FIELDS, defaults=TASK_DEFAULTS)
+        return {"task": task,
                 "model": loop.trim_fields(cfg.model.to_dict(), defaults=MODEL_DEFAULTS),
                 "sft": sft_lib.config_fingerprint(cfg.sft)}
+
+    def test_split(self, cfg: ml_collections.ConfigDict) -> dict[str, Any] | None:
+        """`{"num_test", "test_seed"}` of `cfg.task` when `task.num_test` > 0, else None."""
+        num_test = int(cfg.task.get("num_test", 0) or 0)
+        return ({"num_test": num_test, "test_seed": int(cfg.task.test_seed)}
+                if num_test > 0 else None)
 
     def train_start(self, cfg: ml_collections.ConfigDict, start_dir: str, mesh: Any,
                     workdir: str) -> tuple[Any, int]:
@@ -219,4 +244,5 @@ class MazeKind(Kind):
 
     def held_out_phrase(self, report: dict[str, Any]) -> str:
         n = report.get("num_prompts", report.get("num_mazes"))
-        return f"{n} held-out {report['size']}x{report['size']} {self.words.prompts}"
+        where = SPLIT_NAMES[report.get("split", "eval")]
+        return f"{n} {where} {report['size']}x{report['size']} {self.words.prompts}"
