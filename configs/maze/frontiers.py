@@ -5,6 +5,13 @@ sets what configs/maze/cpu_read.py sets (11x11 backtracker mazes, the 2x128 poli
 one sibling, one level deep), so its SFT start is cpu_read's bit for bit (the start
 fingerprints are equal -- tested; the sealed split is left out of it: SFT never reads it).
 
+The start (made before this config was registered, one SFT run of cpu_read's recipe on one
+CPU core, 7 Dec 2026): held-out pass@1 / pass@64 3.28 % / 41.5 % (blind 0.067 % / 3.9 %),
+sealed split 4.24 % / 46.7 % (blind 0.108 % / 5.9 %); it reads the mazes (the validity gate
+passes on both sets). cpu_read's own start (pilot A) scored 9.52 % / 63.6 % with the same
+recipe: SFT is not reproducible run to run (as on the H200, docs/results_maze.md), so this
+study's numbers are read against its own start and its own uniform frontier, not cpu_read's.
+
 What it asks: is a method's frontier -- its (held-out pass@1, pass@64) points over the lr
 grid, the SFT start as lr -> 0 -- above uniform's? On cpu_read SERA's pass@64 edge at one lr
 (1e-5) was what uniform gets from a smaller lr (results/maze/maze_cpu_read/frontier.json);
