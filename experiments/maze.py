@@ -9,8 +9,8 @@ scratch, RL of each method x seed with the null and A/A controls, the paired com
 `tiny.py` is a seconds-long smoke config run as an exploration (`compare.exploratory=True`:
 no pre-registration; every output says so). The default config, `cpu_read.py` (read the
 maze), is pre-registered: its RL stages need the committed file. Stages: `sft`, `rl`, `eval`,
-`all` (default), `compare` = rl + eval, `regime`, `frontier`, `matched`, `preregister`,
-`amend`, `export` (results/maze/<name>/; `python results/maze/recompute.py
+`all` (default), `compare` = rl + eval, `regime`, `frontier`, `matched`, `norm_matched`,
+`preregister`, `amend`, `export` (results/maze/<name>/; `python results/maze/recompute.py
 results/maze/<name>` recomputes the tables); each resumes or skips finished work.
 """
 

@@ -9,11 +9,11 @@ The start (made before this config was registered, one SFT run of cpu_read's rec
 CPU core, 7 Dec 2026): held-out pass@1 / pass@64 3.28 % / 41.5 % (blind 0.067 % / 3.9 %),
 sealed split 4.24 % / 46.7 % (blind 0.108 % / 5.9 %); it reads the mazes (the validity gate
 passes on both sets). cpu_read's own start (pilot A) scored 9.52 % / 63.6 % with the same
-recipe: SFT is not reproducible run to run (as on the H200, docs/results_maze.md), so this
-study's numbers are read against its own start and its own uniform frontier, not cpu_read's.
+recipe (run-to-run non-determinism or a code change since 4 Dec: not measured yet), so
+this study's numbers are read against its own start and its own uniform frontier only.
 
-What it asks: is a method's frontier -- its (held-out pass@1, pass@64) points over the lr
-grid, the SFT start as lr -> 0 -- above uniform's? On cpu_read SERA's pass@64 edge at one lr
+What it asks: is a method's frontier -- its (sealed-split pass@1, pass@64) points over the
+lr grid, the SFT start as lr -> 0 -- above uniform's? On cpu_read SERA's pass@64 edge at one lr
 (1e-5) was what uniform gets from a smaller lr (results/maze/maze_cpu_read/frontier.json);
 here every method has its own frontier.
 
@@ -26,10 +26,10 @@ here every method has its own frontier.
   lr's gate.
 * The sealed test split: 128 mazes drawn from their own seed (`task.test_seed`, used by no
   pilot, lr choice or earlier study), disjoint in content from every other split; scored
-  at every evaluation point (the same keys for every policy at a point) and read only for
-  the pre-registered endpoints. The held-out set (the 128 mazes that chose cpu_read's lr,
-  task and sizes) is reported beside.
-* The primary: SERA's frontier gap to uniform's on the sealed split -- held-out pass@64 at
+  at every evaluation point (the same keys for every policy at a point) and used only for
+  the pre-registered endpoints (its other tables are reported, with no claim). The
+  held-out set (the 128 mazes that chose cpu_read's lr, task and sizes) is reported beside.
+* The primary: SERA's frontier gap to uniform's on the sealed split -- sealed-split pass@64 at
   matched pass@1 (per seed the mean over the last 3 evaluation points, 150-300), averaged
   over the overlap of the two frontiers' pass@1 range, with a paired seed bootstrap CI.
   Equivalence margin +-1.5 points (about half of cpu_read's +2.8-point single-lr effect):
@@ -40,15 +40,16 @@ here every method has its own frontier.
   held-out mazes x 8 samples).
 
 Runs: uniform and SERA 4 lrs x 6 seeds (48), three methods x 4 lrs x 4 seeds (48), the null
-4 lrs x 2 seeds (8): 104 runs of 300 steps at 5.5 to 11 min each (cpu_read's measurement,
-plus ~30 % for the sealed split's scoring): 5 to 10 h on 2 idle cores, one process a core,
-resumable across sessions (each run resumes where it stopped; the stage skips finished
-runs).
+4 lrs x 2 seeds (8) and, at 1e-5, the A/A control (uniform again, 2 seeds; run by the last
+`--stage=compare`): 106 runs of 300 steps, 8 min each on one core of an otherwise busy
+machine (measured, 7 Dec 2026): ~7 h on 2 cores, one process a core, resumable across
+sessions (each run resumes where it stopped; the stage skips finished runs).
 
     W=workdir/maze_frontiers
     M="python -m experiments.maze --config=configs/maze/frontiers.py --workdir=$W"
     $M --stage=sft && (taskset -c 0 $M --stage=frontier --seeds=0,2,4 & \
-        taskset -c 1 $M --stage=frontier --seeds=1,3,5 & wait) && $M --stage=frontier
+        taskset -c 1 $M --stage=frontier --seeds=1,3,5 & wait) && $M --stage=frontier && \
+    $M --stage=compare && $M --stage=export
 """
 
 import ml_collections

@@ -1,5 +1,5 @@
-"""Recompute every number of an exported maze comparison (and frontier, lr-matched arm) from
-the files in its folder alone: `python results/maze/recompute.py results/maze/<name>`.
+"""Recompute every number of an exported maze comparison (and frontier, lr- and norm-matched
+arms) from the files in its folder alone: `python results/maze/recompute.py results/maze/<name>`.
 
 Prints the recomputed tables, then for each JSON how many saved values were recomputed equal;
 exit status 1 when any differs. The arithmetic is `sera_jax.studies.paired.recompute`.

@@ -90,6 +90,25 @@ def majority_vote(answers: Sequence[Any], rewards: np.ndarray) -> float:
     return float(rewards[next(i for i, a in enumerate(answers) if a == winner)])
 
 
+def sample_rows(model: Any, prompts: np.ndarray, prompt_mask: np.ndarray, prompt_ids: np.ndarray,
+                num_samples: int, sampling: SamplingConfig, key: jax.Array, batch_size: int,
+                mesh: Mesh | None = None) -> tuple[np.ndarray, Any]:
+    """`num_samples` completions of each left-padded prompt row ([P, W]) as flat rows,
+    prompt-major (row j is sample j % n of prompt j // n): `(row_prompt, generate_rows
+    output)`. Sample r of prompt id q uses `fold_in(key, q·n + r)`, independent of the
+    batching and of the other prompts, so every policy scored with `key` sees the same
+    random numbers (common random numbers)."""
+    ids, n = np.asarray(prompt_ids, np.int64), int(num_samples)
+    row_prompt = np.repeat(np.arange(ids.size), n)
+    row_key_index = ids[row_prompt] * n + np.tile(np.arange(n), ids.size)
+    width = shd.round_up_to_shards(min(int(batch_size), row_prompt.size), mesh)
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(
+        jnp.asarray(row_key_index % (2**32), jnp.uint32))
+    return row_prompt, generate_rows(model, prompts, prompt_mask, row_prompt, keys, sampling,
+                                     rows_per_call=width, mesh=mesh,
+                                     prompt_slots=prompt_slots(ids.size, width, n))
+
+
 def evaluate(
     model: nnx.Module,
     task: RLTask,
@@ -122,16 +141,8 @@ def evaluate(
     prompts, pmask = left_pad(task.prompt_tokens(split, ids.tolist()), int(task.max_prompt_len),
                               int(task.pad_id))
     n = int(num_samples)
-    # Flat rows, prompt-major: row j is sample j % n of prompt j // n.
     total = ids.size * n
-    row_prompt = np.repeat(np.arange(ids.size), n)
-    row_key_index = ids[row_prompt].astype(np.int64) * n + np.tile(np.arange(n), ids.size)
-    width = shd.round_up_to_shards(min(batch_size, total), mesh)
-
-    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(
-        jnp.asarray(row_key_index % (2**32), jnp.uint32))
-    out = generate_rows(model, prompts, pmask, row_prompt, keys, sampling, rows_per_call=width,
-                        mesh=mesh, prompt_slots=prompt_slots(ids.size, width, n))
+    row_prompt, out = sample_rows(model, prompts, pmask, ids, n, sampling, key, batch_size, mesh)
     tokens, lengths, truncated = out.tokens, out.lengths, out.truncated
 
     completions = [tokens[j, : lengths[j]] for j in range(total)]

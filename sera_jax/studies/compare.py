@@ -40,6 +40,8 @@ instance, the initial policy, the data order and the rollout uniforms):
 * `seed_bootstrap`: one-level percentile bootstrap of the mean of per-seed values, each
   resample S seed indices drawn with replacement (the seed-level counterpart of
   `seed_interval`; `paired_bootstrap` is the two-level one over seeds and prompts).
+* `ratio_of_means`: mean_s a_s / mean_s b_s of two arms' per-seed values, with a percentile
+  bootstrap over seed ids (paired where both arms hold a seed).
 * `winner`: the arm of highest mean, and the arms whose paired interval against it contains 0.
 
 Verdicts, equivalence and power (`verdict`, `tost`, `mde`, `judge`):
@@ -398,8 +400,8 @@ def bootstrap_pass_at_k(num_correct: Any, n: int, ks: Sequence[int]) -> dict[str
 __all__ = ["above_frontier", "bootstrap_pass_at_k", "bootstrap_tost", "curve_difference",
            "excludes_zero", "format_interval", "frontier_gap", "holm", "judge", "ks_for", "mde",
            "noise_floor", "paired_bootstrap", "paired_difference", "per_prompt_pass_at_k",
-           "seed_bootstrap", "seed_difference", "seed_interval", "SEED_INTERVALS", "tost",
-           "tost_level", "verdict", "winner", "within_floor"]
+           "ratio_of_means", "seed_bootstrap", "seed_difference", "seed_interval",
+           "SEED_INTERVALS", "tost", "tost_level", "verdict", "winner", "within_floor"]
 
 
 def above_frontier(points: Sequence[tuple[float, float]],
@@ -557,3 +559,41 @@ def bootstrap_tost(estimate: float | None, stats: Sequence[float], margin: float
     q = np.quantile(np.asarray(stats, np.float64), [(1 - level) / 2, (1 + level) / 2])
     out.update(lo=float(q[0]), hi=float(q[1]), equivalent=bool(q[0] > -m and q[1] < m))
     return out
+
+
+def ratio_of_means(numerator: Mapping[Any, float], denominator: Mapping[Any, float], *,
+                   num_resamples: int = 2000, level: float = 0.95, seed: int = 0
+                   ) -> dict[str, Any]:
+    """`mean_s a_s / mean_s b_s` of per-seed values {seed id: value} of two arms (e.g. their
+    mean update norms), with a percentile bootstrap over seed ids: each resample draws |U|
+    ids with replacement from the union U of both arms' ids (sorted by id) and each arm takes
+    the drawn ids it holds (`_resampler`: a cluster draw, paired where the arms share a
+    seed); resamples leaving an arm without a seed or with a denominator mean of 0 are left
+    out and counted (`defined_share`). Returns {mean, lo, hi, level, resamples,
+    defined_share} (lo, hi None with fewer than 2 defined resamples). Needs >= 1 finite
+    value per arm and a positive denominator mean (ValueError otherwise)."""
+    arms = []
+    for name, values in (("numerator", numerator), ("denominator", denominator)):
+        ids = sorted(values, key=int)
+        x = np.asarray([float(values[i]) for i in ids], np.float64)
+        if x.size == 0 or not np.all(np.isfinite(x)):
+            raise ValueError(f"ratio_of_means: the {name} needs >= 1 finite value; got "
+                             f"{dict(values)}")
+        arms.append(([int(i) for i in ids], x))
+    (ia, a), (ib, b) = arms
+    if not b.mean() > 0:
+        raise ValueError(f"ratio_of_means: the denominator's mean is {b.mean()!r}, not > 0")
+    if not 0 < level < 1:
+        raise ValueError(f"level={level}; must lie in (0, 1)")
+    draw = _resampler([a.size, b.size], [ia, ib], paired=True)
+    rng = np.random.default_rng(seed)
+    stats = []
+    for _ in range(int(num_resamples)):
+        idx = draw(rng)
+        if idx is not None and b[idx[1]].mean() > 0:
+            stats.append(float(a[idx[0]].mean() / b[idx[1]].mean()))
+    lo = hi = None
+    if len(stats) >= 2:
+        lo, hi = (float(q) for q in np.quantile(stats, [(1 - level) / 2, (1 + level) / 2]))
+    return {"mean": float(a.mean() / b.mean()), "lo": lo, "hi": hi, "level": float(level),
+            "resamples": int(num_resamples), "defined_share": len(stats) / int(num_resamples)}

@@ -28,9 +28,11 @@ Stages (each resumes or skips finished work, so re-running a killed command cont
   (`mechanism`): update norms, clip rates, distance and KL from the start per arm.
 * `all` = sft + rl + eval; `compare` = rl + eval; `regime` = the regime map (`regime`).
 * `preregister` / `amend`: the committed pre-registration (`prereg`) at
-  `results/<kind>/<config.name>/preregistration.json`; `frontier`, `matched` (`frontier`,
-  `matched`): learning-rate frontiers and the lr-matched arm; `export`: the raw results
-  under `results/<kind>/<config.name>/` (`export`; `recompute` rebuilds every number).
+  `results/<kind>/<config.name>/preregistration.json`; `frontier`, `matched`,
+  `norm_matched` (`frontier`, `matched`): learning-rate frontiers, the lr-matched arm
+  (uniform at the lr matching SERA's pass@1 gain) and the norm-matched arm (SERA at the lr
+  matching uniform's update norm); `export`: the raw results under
+  `results/<kind>/<config.name>/` (`export`; `recompute` rebuilds every number).
 
 Every RL stage refuses to start without a committed pre-registration whose hashed sections
 equal the config's -- unless `compare.exploratory=True`: the run is then an exploration, every
@@ -44,7 +46,8 @@ pre-registration hashes) sit below everything that reads files.
 
 Workdir layout: `sft/` (the start: checkpoints, train.jsonl, eval.json, crn/, validity.json),
 `rl/<arm>/seed<s>/` (checkpoints, train.jsonl, eval.jsonl, alloc.jsonl, config.json),
-`results/`, `frontier/lr<lr>/`, `matched/lr<lr>/`, `regime/<cell>/`, `timings.jsonl`.
+`results/`, `frontier/lr<lr>/`, `matched/lr<lr>/`, `norm_matched/lr<lr>/`, `regime/<cell>/`,
+`timings.jsonl`.
 A run's fingerprint is the task, model, start, resolved RL and evaluation config plus the
 start checkpoint; resuming under a change to any of them is refused, except the fields in
 `RESUMABLE` (how long, how often).

@@ -385,7 +385,7 @@ def measure_repetition(bench: Bench, params: Any, r: int,
                       "half_cosine": half_cos, "reward_mean": float(ref.rewards.mean()),
                       "mean_length": float(np.mean(ref.lengths))},
         "estimators": {}}
-    done: dict[tuple[bytes, bytes], dict[str, Any]] = {}
+    done: dict[tuple, dict[str, Any]] = {}
     for name, m, src in bench.estimators():
         tr = bench.methods[m]
         state = host_params(tr, params)
@@ -394,7 +394,11 @@ def measure_repetition(bench: Bench, params: Any, r: int,
         else:
             h = history if history is not None else empty_history(tr)
         roll = tr.collect_round(state, h, ids, 0, 0, keys["estimators"])
-        sig = (np.asarray(roll.counts).tobytes(), np.asarray(roll.prompt_weights).tobytes())
+        # Same rows and weights give the same gradient only under the same estimator and
+        # row keys (two-stage methods key rows q·n_max + j, one-shot ones by rank).
+        sig = (np.asarray(roll.counts).tobytes(), np.asarray(roll.prompt_weights).tobytes(),
+               tr.method.estimator, bool(tr.method.multiplicity),
+               tr.method.two_stage)
         if sig not in done:
             g_all = gradient(tr, state, roll)
             succ = np.bincount(roll.segment_ids, weights=roll.rewards, minlength=len(ids))

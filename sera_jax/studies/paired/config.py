@@ -3,10 +3,10 @@
 `resolve(cfg, stage, methods, seeds)` calls the validator of every block the stage reads --
 the kind's task / model / start blocks (`Kind.validate`), the RL and optimizer blocks of every
 arm (`rl.config.validate`), `eval`, `compare` (with its primary endpoint and validity gate),
-`frontier` and `regime` -- before any data or model is built, and returns a `Plan`: the
-methods and seeds, every arm's `Method` resolved once, and the RL stage's run plan. Stages
-receive the plan and never validate again. Errors are one `StudyError` naming the field and
-the fix.
+`frontier`, `regime` and the norm-matched arm's fields -- before any data or model is built,
+and returns a `Plan`: the methods and seeds, every arm's `Method` resolved once, and the RL
+stage's run plan. Stages receive the plan and never validate again. Errors are one
+`StudyError` naming the field and the fix.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from sera_jax.studies.paired.spec import (
     frontier_method_seeds,
     lr_arms,
     lr_config,
+    matched_seeds,
     regime_cells,
     regime_methods,
     regime_seeds,
@@ -265,10 +266,20 @@ def validate_regime(cfg: ml_collections.ConfigDict) -> list[tuple[int, int, int]
     return cells
 
 
+def validate_norm_matched(cfg: ml_collections.ConfigDict) -> None:
+    """The norm-matched arm's fields: `compare.primary` (its method, split, k and window)
+    and its seeds (`spec.matched_seeds`: `frontier.matched_seeds`, else `compare.seeds`)."""
+    common.check(cfg.compare.get("primary") is not None, "compare.primary", None,
+                 "set: the norm-matched arm's method, split, k and window are the primary "
+                 "endpoint's")
+    for seed in common.nonempty(matched_seeds(cfg), "frontier.matched_seeds"):
+        common.check(seed >= 0, "frontier.matched_seeds", seed, "integers >= 0")
+
+
 #: Stages that start RL runs: each needs a committed pre-registration unless exploratory.
-RL_STAGES = ("rl", "all", "compare", "frontier", "matched", "regime")
+RL_STAGES = ("rl", "all", "compare", "frontier", "matched", "norm_matched", "regime")
 #: Stages that need the start stage's output in the workdir.
-NEEDS_START = ("rl", "eval", "compare", "frontier", "matched", "export")
+NEEDS_START = ("rl", "eval", "compare", "frontier", "matched", "norm_matched", "export")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,6 +325,8 @@ def resolve(cfg: ml_collections.ConfigDict, stage: str,
         validate_regime(cfg)
     if stage in ("frontier", "matched") or (stage == "preregister" and "frontier" in cfg):
         validate_frontier(cfg)
+    if stage == "norm_matched":
+        validate_norm_matched(cfg)
     if exploratory and stage in ("export", "preregister", "amend"):
         raise common.StudyError(
             f"--stage={stage} of an exploratory study (compare.exploratory=True): "

@@ -1,15 +1,18 @@
 """Raw results export (`--stage=export`): everything a reader needs to recompute the
-comparison (and frontier, and lr-matched) numbers, under `results/<kind>/<config name>/`:
+comparison (and frontier, and lr- and norm-matched) numbers, under
+`results/<kind>/<config name>/`:
 
-* `comparison.json`, `frontier.json` / `matched.json` / `mechanism.json` (when the workdir
-  has them) and `preregistration.json` (a copy, when the committed file lives elsewhere);
+* `comparison.json`, `frontier.json` / `matched.json` / `norm_matched.json` /
+  `mechanism.json` (when the workdir has them) and `preregistration.json` (a copy, when the
+  committed file lives elsewhere);
 * `config.json` (the config as run), `export.json` (the methods, seeds and lrs exported) and
   `sft_validity.json` (the start's `sft/validity.json`: the blind control's report);
 * `counts.npz`: per-prompt correct counts, int16, compressed -- the SFT start at every scoring
   (`sft/<step>_<n>_<keys>/<split>`), every run's final point, curve points `[T, M]` and
   noise-key scoring (`run/<arm>/<seed>/{final,curve,noise}/<split>`), the same per frontier
-  lr (`frontier/<lr>/run/...`) and for the matched arm (`matched/run/...`), and the
-  blind control's per-prompt success probability (`blind_q`). `<split>` is `eval`, `train`
+  lr (`frontier/<lr>/run/...`) and for the matched arms' runs at their derived lr
+  (`matched/run/...`, `norm_matched/run/...`), and the blind control's per-prompt success
+  probability (`blind_q`). `<split>` is `eval`, `train`
   when training prompts are scored and `test` when the sealed test split is (whose blind
   control is `blind_q_test`).
 
@@ -60,8 +63,10 @@ from sera_jax.studies.paired.validity import VALIDITY
 COUNTS = "counts.npz"
 MANIFEST = "export.json"
 #: Every file an export may write besides its manifest (`MANIFEST`).
-EXPORT_FILES = ("comparison.json", "frontier.json", "matched.json", PREREGISTRATION,
-                "sft_validity.json", "config.json", COUNTS, "mechanism.json")
+EXPORT_FILES = ("comparison.json", "frontier.json", "matched.json", "norm_matched.json",
+                PREREGISTRATION,
+                "sft_validity.json", "config.json", COUNTS, "mechanism.json",
+                "frontier_mechanism.json")
 
 
 def _put(arrays: dict[str, np.ndarray], key: str, rec: Mapping[str, Any] | None) -> None:
@@ -257,19 +262,26 @@ def export_results(cfg: ml_collections.ConfigDict, workdir: str,
         fout = jsons["frontier.json"] = read_json(os.path.join(results, "frontier.json"))
         manifest["frontier"] = {"methods": fout["methods"], "seeds": fout["seeds"],
                                 "lrs": {name: e["lr"] for name, e in fout["lrs"].items()}}
+        # every lr's mechanism summary (`stage_frontier` writes frontier/lr<lr>/results/)
+        mech = {name: read_json(path) for name in fout["lrs"] if os.path.exists(
+            path := os.path.join(workdir, "frontier", f"lr{name}", "results", "mechanism.json"))}
+        if mech:
+            jsons["frontier_mechanism.json"] = {"lrs": mech}
         for name, e in fout["lrs"].items():
             lcfg = fr.lr_config(cfg, e["lr"])
             ldata = gather(lcfg, os.path.join(workdir, e["dir"]),
                            e.get("methods", fout["methods"]), e.get("seeds", fout["seeds"]),
                            sft_dir, method_seeds=e.get("method_seeds"))
             arrays.update(data_arrays(ldata, f"frontier/{name}/", sft=False))
-    if os.path.exists(os.path.join(results, "matched.json")):
-        mout = jsons["matched.json"] = read_json(os.path.join(results, "matched.json"))
-        if mout.get("dir"):
-            mcfg = mt.matched_config(cfg, mout["choice"]["lr"])
-            mdata = gather(mcfg, os.path.join(workdir, mout["dir"]), [mout["baseline"]],
-                           mout["seeds"], sft_dir)
-            arrays.update(data_arrays(mdata, "matched/", sft=False))
+    for rule in mt.RULES.values():  # the matched arms: their runs at the derived lr
+        name = f"{rule.stage}.json"
+        if os.path.exists(os.path.join(results, name)):
+            mout = jsons[name] = read_json(os.path.join(results, name))
+            if mout.get("dir"):
+                mcfg = mt.matched_config(cfg, mout["choice"]["lr"])
+                mdata = gather(mcfg, os.path.join(workdir, mout["dir"]), [rule.arms(mout)[0]],
+                               mout["seeds"], sft_dir)
+                arrays.update(data_arrays(mdata, f"{rule.stage}/", sft=False))
     # The start's validity report (blind control, distinct answers) beside the counts.
     jsons["sft_validity.json"] = validity
     jsons["config.json"] = cfg.to_dict()

@@ -274,7 +274,9 @@ def summarise(out: dict[str, Any], base: str, k: int) -> dict[str, Any]:
             and "per_seed" in out["lrs"][n]["points"][m]["pass@1"]}
     return {"selected_lr": None if selected is None else out["lrs"][selected]["lr"],
             "admissible": sorted(admissible, key=float), "above_baseline_frontier": above,
-            "above_baseline_frontier_ci": ci, "gap": frontier_gaps(out, base, k)}
+            "above_baseline_frontier_ci": ci, "gap": frontier_gaps(out, base, k),
+            **({"gap_eval": frontier_gaps(out, base, k, "points_eval", "sft_eval")}
+               if any("points_eval" in e for e in out["lrs"].values()) else {})}
 
 
 def frontier_markdown(out: dict[str, Any]) -> str:
@@ -323,7 +325,7 @@ def frontier_markdown(out: dict[str, Any]) -> str:
                  for n, v in d.items()]
         lines.append(f"{m}: {key} above the baseline's frontier at its own pass@1 — "
                      + "; ".join(cells) + ".")
-    lines += gap_lines(out)
+    lines += gap_lines(out) + gap_lines(out, "gap_eval")
     return "\n".join(lines) + "\n"
 
 

@@ -32,45 +32,52 @@ RESOLUTION_NOTE = ("no MDE: the gap is a bootstrap statistic of interpolated fro
                    "the resolution of the design")
 
 
-def _groups(out: dict[str, Any], arm: str, key: str
+def _groups(out: dict[str, Any], arm: str, key: str, points: str = "points"
             ) -> tuple[list[str], list[tuple[list[float], list[float]]], list[list[int]] | None]:
-    """(lr names, per-seed (pass@1, pass@k) per lr, seed ids per lr or None) of `arm`."""
+    """(lr names, per-seed (pass@1, pass@k) per lr, seed ids per lr or None) of `arm`, read
+    from each lr's `points` ("points": the primary's split; "points_eval": held-out)."""
     names = [n for n, e in out["lrs"].items()
-             if arm in e["points"] and "per_seed" in e["points"][arm]["pass@1"]]
-    pts = [out["lrs"][n]["points"][arm] for n in names]
+             if arm in e.get(points, {}) and "per_seed" in e[points][arm]["pass@1"]]
+    pts = [out["lrs"][n][points][arm] for n in names]
     groups = [(p["pass@1"]["per_seed"], p[key]["per_seed"]) for p in pts]
     ids = [p.get("seeds") for p in pts]
     ok = all(i is not None and len(i) == len(g[0]) for i, g in zip(ids, groups))
     return names, groups, (ids if ok else None)
 
 
-def frontier_gaps(out: dict[str, Any], base: str, k: int) -> dict[str, Any]:
-    """`frontier.json`'s "gap" (module docstring) from the frontier's points (`out["lrs"]`),
-    the SFT start (`out["sft"]`), `out["bootstrap"]` and `out["margin"]` (None: none)."""
+def frontier_gaps(out: dict[str, Any], base: str, k: int, points: str = "points",
+                  start_key: str = "sft") -> dict[str, Any]:
+    """`frontier.json`'s "gap" (module docstring) from the frontier's points (`out["lrs"]`,
+    each lr's `points`), the SFT start (`out[start_key]`), `out["bootstrap"]` and
+    `out["margin"]` (None: none). `points="points_eval", start_key="sft_eval"`: the same
+    gaps on the held-out set when the primary reads another split ("gap_eval")."""
     key = f"pass@{k}"
     boot = {f: v for f, v in out.get("bootstrap", {}).items()
             if f in ("num_resamples", "level", "seed")}
     level = float(boot.get("level", 0.95))
     margin = out.get("margin")
-    start = (out["sft"]["pass@1"], out["sft"][key]) if out.get("sft") else None
+    start = (out[start_key]["pass@1"], out[start_key][key]) if out.get(start_key) else None
     res: dict[str, Any] = {
         "baseline": base, "k": k, "margin": margin, "level": level,
         "tost_level": None if margin is None else cmp.tost_level(level),
         "start_joins_both": start is not None, "methods": {}}
-    b_names, b_groups, b_ids = _groups(out, base, key)
+    b_names, b_groups, b_ids = _groups(out, base, key, points)
     for m in out["methods"]:
         if m == base:
             continue
-        names, groups, ids = _groups(out, m, key)
+        names, groups, ids = _groups(out, m, key, points)
         if len(names) < 2 or len(b_names) < 2:
             res["methods"][m] = {"lrs": names, "skipped": (
                 f"{m} has points at {len(names)} lr(s), {base} at {len(b_names)}: a gap "
                 "needs both frontiers at >= 2 lrs")}
             continue
         by_id = b_ids is not None and ids is not None
+        by_index = len({len(x) for x, _ in b_groups + groups}) == 1
         e = cmp.frontier_gap(b_groups, groups, start=start, margin=margin,
-                             paired=by_id or len({len(x) for x, _ in b_groups + groups}) == 1,
+                             paired=by_id or by_index,
                              seed_ids=(b_ids, ids) if by_id else None, **boot)
+        e["pairing"] = ("paired by seed id" if by_id else
+                        "paired by seed index" if by_index else "unpaired")
         for iv in (e["mean"], *e["levels"]):
             iv["verdict"] = (None if iv["mean"] is None else
                              cmp.verdict(iv, None, iv.get("tost")))
@@ -101,17 +108,21 @@ def verdict_words(e: dict[str, Any], margin: float | None) -> str:
     return v
 
 
-def gap_lines(out: dict[str, Any]) -> list[str]:
+def gap_lines(out: dict[str, Any], which: str = "gap") -> list[str]:
     """The gap table of `frontier.md` (pp), with the margin, the TOST and the resolution;
-    [] for a frontier written before the gap existed."""
-    gap = out.get("gap")
+    [] for a frontier written before the gap existed. `which="gap_eval"`: the held-out
+    set's gaps, beside a primary on another split."""
+    gap = out.get(which)
     if not gap or not gap.get("methods"):
         return []
     k, base, margin = gap["k"], gap["baseline"], gap.get("margin")
     level = 100 * gap["level"]
-    split = SPLIT_NAMES.get(str(out.get("split", "eval")), "held-out")
+    split = ("held-out" if which == "gap_eval" else
+             SPLIT_NAMES.get(str(out.get("split", "eval")), "held-out"))
+    pairings = sorted({g["pairing"] for g in gap["methods"].values() if "pairing" in g})
+    pairing = "; ".join(pairings) if pairings else "paired by seed id"
     lines = ["", f"Frontier gap vs {base}: {split} pass@{k} at matched pass@1 (pp; {level:.0f} % "
-             "seed bootstrap paired by seed id"
+             f"seed bootstrap {pairing}"
              + (", the SFT start the lr -> 0 point of both frontiers" if
                 gap.get("start_joins_both") else "")
              + "), averaged over the overlap of the two frontiers and at two pass@1 levels "

@@ -9,7 +9,8 @@ to the evaluation record `record["mechanism"]`:
     param_distance     = ‖θ_t − θ_start‖₂                (global over every parameter)
     param_distance_rel = ‖θ_t − θ_start‖₂ / ‖θ_start‖₂
     kl                 = (1/n) Σ_i d_i,   d_i = log π_t(y_i | x_i) − log π_start(y_i | x_i)
-    kl_se              = std(d, ddof=1) / √n
+    kl_se              = std(d, ddof=1) / √n   (treats the fixed prompts as drawn: it
+                         includes between-prompt spread, so it is conservative)
     kl_per_token       = Σ_i d_i / Σ_i |y_i|
 
 with y_i drawn from π_t on the first min(`eval.kl_prompts`, `eval.num_prompts`) held-out
@@ -53,8 +54,8 @@ from sera_jax import loop
 from sera_jax import sharding as shd
 from sera_jax.models.logprobs import token_logprobs
 from sera_jax.records import read_jsonl, write_json
-from sera_jax.rl.evaluate import prompt_slots
-from sera_jax.sampling import SamplingConfig, generate_rows, left_pad
+from sera_jax.rl.evaluate import sample_rows
+from sera_jax.sampling import SamplingConfig, left_pad
 from sera_jax.studies.paired.spec import (
     EVAL_DEFAULTS,
     EXPLORATORY,
@@ -113,15 +114,8 @@ def sample_completions(policy: nnx.Module, prompts: np.ndarray, prompt_mask: np.
     """`num_samples` completions from `policy` of each left-padded prompt row ([P, W]),
     prompt-major; sample r of prompt id q uses `fold_in(key, q·n + r)` (as `rl.evaluate`:
     independent of the batching and of the other prompts)."""
-    n, num = int(num_samples), prompts.shape[0]
-    row_prompt = np.repeat(np.arange(num), n)
-    index = np.asarray(prompt_ids, np.int64)[row_prompt] * n + np.tile(np.arange(n), num)
-    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(
-        jnp.asarray(index % (2**32), jnp.uint32))
-    width = shd.round_up_to_shards(min(int(batch_size), row_prompt.size), mesh)
-    out = generate_rows(policy, prompts, prompt_mask, row_prompt, keys, sampling,
-                        rows_per_call=width, mesh=mesh,
-                        prompt_slots=prompt_slots(num, width, n))
+    row_prompt, out = sample_rows(policy, prompts, prompt_mask, prompt_ids, num_samples,
+                                  sampling, key, batch_size, mesh)
     lengths = np.asarray(out.lengths)
     mask = np.arange(out.tokens.shape[1])[None, :] < lengths[:, None]
     return Completions(row_prompt, np.asarray(out.tokens), mask, lengths)

@@ -17,6 +17,11 @@ before any RL run, it holds, per section:
   only when set), so the files written before them still hold;
 * `lr_matched` (added by `--stage=matched` from the frontier's results, before the arm
   runs): the lr the rule chose and the numbers it read;
+* `norm_matched` (added by `--stage=norm_matched` from the comparison's runs; the arm runs
+  only once the file holding it is committed): the rule (`spec.NORM_MATCH_RULE`), the arm
+  and its endpoint (`spec.norm_matched_spec`), the measured update norms, their ratio r
+  with its CI, the derived lr, and `config_hash`, the SHA-256 of the rest of the section
+  (checked on every read);
 * `amendments` (added by `--stage=amend`, each before the runs it adds): a dated list of
   control-arm growths -- `compare.null_seeds` / `compare.aa_seeds` may only gain seeds, with
   the primary endpoint and every other comparison field unchanged -- each with its reason
@@ -53,6 +58,7 @@ from sera_jax.studies import common
 from sera_jax.studies.paired.kinds import get_kind
 from sera_jax.studies.paired.spec import (
     comparison_spec,
+    fields_hash,
     frontier_spec,
     repo_path,
     results_dir,
@@ -65,6 +71,16 @@ AMENDABLE = ("compare.null_seeds", "compare.aa_seeds")
 
 
 _HASH = re.compile(r"[0-9a-f]{64}")
+#: Sections a stage adds before its arm runs: the lr its rule derived and what it read.
+DERIVED = ("lr_matched", "norm_matched")
+#: The derived sections whose `config_hash` is the SHA-256 of the rest of the section.
+HASHED_DERIVED = ("norm_matched",)
+
+
+def hashed_section(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` with `config_hash`, the SHA-256 of its canonical JSON (`spec.fields_hash`)."""
+    body = {k: v for k, v in body.items() if k != "config_hash"}
+    return {**body, "config_hash": fields_hash(body)}
 
 
 def _bad(path: str, field: str, what: str) -> common.StudyError:
@@ -96,8 +112,9 @@ def _hash_field(path: str, record: Any, dotted: str) -> None:
 def validate_record(record: Any, path: str) -> dict[str, Any]:
     """`record` (a pre-registration read from `path`) checked as data: every field the study
     reads is present and of its type (`comparison.primary`, `.config_hash`, `.fields`, each
-    `frontier` / `lr_matched` section, each amendment's date, reason, changes and hash);
-    returns it, or raises one StudyError naming the file and the first bad field."""
+    `frontier` / `lr_matched` / `norm_matched` section, the last with its own hash, each
+    amendment's date, reason, changes and hash); returns it, or raises one StudyError naming
+    the file and the first bad field."""
     if not isinstance(record, dict):
         raise _bad(path, "<top level>", f"is a {type(record).__name__}, not a JSON object")
     _field(path, record, "comparison.primary", dict, "a JSON object")
@@ -110,8 +127,15 @@ def validate_record(record: Any, path: str) -> dict[str, Any]:
     _field(path, record, "comparison.fields.compare", dict, "a JSON object")
     if "frontier" in record:
         _hash_field(path, record, "frontier.config_hash")
-    if "lr_matched" in record:
-        _field(path, record, "lr_matched", dict, "a JSON object")
+    for name in DERIVED:
+        if name in record:
+            _field(path, record, name, dict, "a JSON object")
+    for name in HASHED_DERIVED:
+        if name in record:
+            _hash_field(path, record, f"{name}.config_hash")
+            if hashed_section(record[name])["config_hash"] != record[name]["config_hash"]:
+                raise _bad(path, f"{name}.config_hash", "does not match the section's other "
+                           "fields (edited after --stage wrote it?)")
     amendments = record.get("amendments", [])
     if not isinstance(amendments, list):
         raise _bad(path, "amendments", f"is {amendments!r}, not a list")
@@ -155,9 +179,9 @@ def today() -> str:
 
 def registered(record: dict[str, Any]) -> dict[str, Any]:
     """What a pre-registration registers: its hashed sections (`comparison`, `frontier`),
-    with the amendments' and the matched lr's -- not the dates it was written on, its note
-    or where it lives. Two records register the same study iff these are equal."""
-    out = {k: record[k] for k in ("comparison", "frontier", "lr_matched") if k in record}
+    with the amendments' and the derived lrs' (`DERIVED`) -- not the dates it was written
+    on, its note or where it lives. Two records register the same study iff these are equal."""
+    out = {k: record[k] for k in ("comparison", "frontier", *DERIVED) if k in record}
     out["amendments"] = [{k: v for k, v in a.items() if k != "written"}
                          for a in record.get("amendments", [])]
     return out
@@ -385,7 +409,8 @@ def check_primary(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
             else saved["config_hash"], "amendments": amendments}
 
 
-__all__ = ["AMENDABLE", "PREREGISTRATION", "amendment_changes", "check_preregistration",
-           "check_primary", "comparison_hashes", "git_committed", "preregistration_path",
+__all__ = ["AMENDABLE", "DERIVED", "HASHED_DERIVED", "PREREGISTRATION", "amendment_changes",
+           "check_preregistration", "check_primary", "comparison_hashes", "git_committed",
+           "hashed_section", "preregistration_path",
            "read_preregistration", "registered", "require_committed", "today",
            "uncommitted_reason", "validate_record", "write_amendment", "write_preregistration"]

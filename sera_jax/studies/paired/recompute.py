@@ -2,15 +2,16 @@
 
 `recompute(folder)` reads `results/<kind>/<name>/` (`export`): the per-prompt correct counts of
 `counts.npz`, `config.json` and `export.json`, and rebuilds with the aggregator's own functions
-(`report.build_table`, `frontier.point` / `summarise`, `matched.matched_endpoint`'s
-arithmetic):
+(`report.build_table`, `frontier.point` / `summarise`, `matched.endpoint_from_curves`):
 
 * the comparison table: every pass@k (recomputed from the counts as the evaluation does,
   `metrics.pass_at_k_curve`), the blind control (from the per-prompt `blind_q`), the validity
   check, paired differences, noise floors (unpaired and paired), the null control, the
   curve analysis (Δ(t), primary endpoint with both intervals, secondaries, gate, A/A);
 * the frontier's points, gates, selected lr and distances with their CIs;
-* the matched arm's endpoint.
+* the matched arms' endpoints with their verdicts (`matched.json`, `norm_matched.json`)
+  and the norm rule's update-norm ratios, r and the achieved one with their CIs, from the
+  per-seed update norms its output records (`matched.rederive_norm`).
 
 Only the fields that are not functions of the counts are read from `comparison.json`: the
 runs' generated rollouts / tokens, training reward and allocator diagnostics (`RUN_FIELDS`,
@@ -284,9 +285,10 @@ def load_export(folder: str) -> dict[str, Any]:
 
 
 def recompute(folder: str) -> dict[str, Any]:
-    """{"comparison": table, "frontier": out | None, "matched": result | None, "notes"}
-    rebuilt from the export in `folder` (module docstring); ExportError for a folder or
-    file that is not a whole export (`load_export`)."""
+    """{"comparison": table, "frontier": out | None, "matched" / "norm_matched": {result,
+    ...} | None (`recompute_matched`), "notes"} rebuilt from the export in `folder` (module
+    docstring); ExportError for a folder or file that is not a whole export
+    (`load_export`)."""
     export = load_export(folder)
     cfg, manifest, saved, counts = (export[k] for k in ("cfg", "manifest", "comparison",
                                                         "counts"))
@@ -324,16 +326,39 @@ def recompute(folder: str) -> dict[str, Any]:
                 fout.update(fr.start_points(ltable, k, window, split))
         fout.update(fr.summarise(fout, cfg.compare.baseline, k))
         out["frontier"] = fout
-    mpath = os.path.join(folder, "matched.json")
-    if os.path.exists(mpath) and read_export_json(folder, "matched.json").get(
-            "result", {}).get("ran"):
-        m = read_export_json(folder, "matched.json")
-        mcfg = mt.matched_config(cfg, m["choice"]["lr"])
-        mdata = load_data(mcfg, counts, None, "matched/", data["points"])
-        sera = {s: r["curve"] for s, r in data["runs"][m["method"]].items()}
-        unif = {s: r["curve"] for s, r in mdata["runs"][m["baseline"]].items()}
-        out["matched"] = mt.endpoint_from_curves(mcfg, sera, unif, m["seeds"])
+    for rule in mt.RULES.values():  # the matched arms: {"result", ...rule.rederive}
+        out[rule.stage] = recompute_matched(folder, rule, cfg, counts, data)
     return out
+
+
+def recompute_matched(folder: str, rule: mt.Rule, cfg: ml_collections.ConfigDict,
+                      counts: Mapping[str, np.ndarray], data: Mapping[str, Any]
+                      ) -> dict[str, Any] | None:
+    """A matched arm's endpoint (`matched.endpoint_from_curves`) from the counts of its runs
+    at the derived lr (`<stage>/run/...`) and of the comparison's runs at the config's lr,
+    with the rule's other numbers (`rule.rederive`); None without its `<stage>.json` or
+    when its arm has not run."""
+    name = f"{rule.stage}.json"
+    if not os.path.exists(os.path.join(folder, name)):
+        return None
+    m = read_export_json(folder, name)
+    if not m.get("result", {}).get("ran"):
+        return None
+    mcfg = mt.matched_config(cfg, m["choice"]["lr"])
+    mdata = load_data(mcfg, counts, None, f"{rule.stage}/", data["points"])
+    derived = rule.arms(m)[0]
+    curves = {arm: {s: r["curve"] for s, r in (mdata if arm == derived else data)["runs"].get(
+        arm, {}).items()} for arm in (m["method"], m["baseline"])}
+    result = mt.endpoint_from_curves(mcfg, curves[m["method"]], curves[m["baseline"]],
+                                     m["seeds"], m["endpoint"].get("split", "eval"))
+    return {"result": result, **(rule.rederive(cfg, m) if rule.rederive else {})}
+
+
+def saved_view(saved: Mapping[str, Any], got: Mapping[str, Any]) -> dict[str, Any]:
+    """What a matched arm's recomputation is checked against: the saved `result` whole, and
+    of every other part the keys `got` rebuilds."""
+    return {k: saved.get(k) if k == "result" else
+            {f: (saved.get(k) or {}).get(f) for f in v} for k, v in got.items()}
 
 
 def _numbers(x: Any, path: str = "") -> dict[str, Any]:
@@ -401,18 +426,17 @@ def _main(folder: str) -> int:
         print(note)
     print(comparison_markdown(out["comparison"]))
     status = 0
-    checks = [("comparison", out["comparison"], "comparison.json", None)]
+    checks = [("comparison", out["comparison"], "comparison.json")]
     if out["frontier"] is not None:
         print(frontier_markdown(out["frontier"]))
-        checks.append(("frontier", out["frontier"], "frontier.json", None))
-    if out["matched"] is not None:
-        checks.append(("matched", out["matched"], "matched.json", "result"))
-    for name, got, file, sub in checks:
+        checks.append(("frontier", out["frontier"], "frontier.json"))
+    checks += [(rule.stage, out[rule.stage], f"{rule.stage}.json")
+               for rule in mt.RULES.values() if out[rule.stage] is not None]
+    for name, got, file in checks:
         saved = read_export_json(folder, file)
-        saved = saved[sub] if sub else saved
-        skip = ("preregistration",) if name != "matched" else ()
-        bad = compare_numbers(got, {k: v for k, v in saved.items() if k not in skip},
-                              tol=1e-12)
+        saved = (saved_view(saved, got) if name in mt.RULES else
+                 {k: v for k, v in saved.items() if k != "preregistration"})
+        bad = compare_numbers(got, saved, tol=1e-12)
         count = len(_numbers(saved))
         print(f"{name}: {count - len(bad)} of {count} saved values recomputed equal"
               + ("" if not bad else "; differ:\n  " + "\n  ".join(bad[:20])))
@@ -421,4 +445,5 @@ def _main(folder: str) -> int:
 
 
 __all__ = ["ExportError", "check_files", "compare_numbers", "load_data", "load_export", "main",
-           "read_counts", "read_export_json", "recompute", "recompute_validity"]
+           "read_counts", "read_export_json", "recompute", "recompute_matched",
+           "recompute_validity", "saved_view"]

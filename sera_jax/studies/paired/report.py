@@ -223,7 +223,9 @@ def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[st
     with open(os.path.join(results_dir, "comparison.md"), "w") as f:
         f.write(comparison_markdown(table))
     # mechanism.{json,md}: update norms, clipping, distance and KL from the start (if recorded)
-    write_mechanism(results_dir, workdir, arms(cfg, methods, seeds, method_seeds),
+    # the finished runs only (those of comparison.json), not every planned seed
+    write_mechanism(results_dir, workdir,
+                    [(arm, sorted(runs)) for arm, runs in data["runs"].items() if runs],
                     is_exploratory(cfg))
     if plots:
         plot_comparison(table, data["plot_curves"], data["sft_eval"], results_dir)

@@ -1,5 +1,6 @@
 """The paired comparison as data: its arms, runs, evaluation points and keys, and the pure
-specs that the pre-registration hashes (comparison, primary endpoint, frontier, lr-matched arm).
+specs that the pre-registration hashes (comparison, primary endpoint, frontier, lr-matched arm,
+norm-matched arm).
 
 Everything here is a function of the config alone: no file is read and no model is built,
 so `prereg`, `frontier`, `matched` and the stages all sit above this module. What a task
@@ -30,7 +31,7 @@ from sera_jax.studies.paired.kinds import get_kind
 from sera_jax.studies.paired.kinds.base import SPLIT_NAMES
 
 STAGES = ("sft", "rl", "eval", "all", "compare", "regime", "frontier", "preregister",
-          "amend", "matched", "export")
+          "amend", "matched", "norm_matched", "export")
 #: The null-control arm: uniform with rewards permuted within each batch.
 NULL = "null"
 #: The A/A control arm: the baseline method again, RL seed `seed + compare.aa_seed_offset`,
@@ -361,8 +362,11 @@ MATCH_RULE = (
 
 
 def matched_seeds(cfg: ml_collections.ConfigDict) -> list[int]:
-    """`frontier.matched_seeds` (empty or absent: `compare.seeds`)."""
-    seeds = common.int_list(cfg.frontier.get("matched_seeds", ()), "frontier.matched_seeds")
+    """`frontier.matched_seeds`, the seeds of the lr- and the norm-matched arm (empty or
+    absent, or no frontier section: `compare.seeds`)."""
+    block = cfg.get("frontier")
+    seeds = common.int_list(() if block is None else block.get("matched_seeds", ()),
+                            "frontier.matched_seeds")
     return seeds or common.int_list(cfg.compare.seeds, "compare.seeds")
 
 
@@ -375,6 +379,38 @@ def matched_spec(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
                          "split": "eval", "k": int(p.k), "window": int(p.window),
                          "level": float(cfg.compare.level),
                          "interval": "seed-level Student t; two-level bootstrap beside it"}}
+
+
+NORM_MATCH_RULE = (
+    "per complete run of the comparison at the config's lr (rl/<method>/seed<s>/, "
+    "compare.seeds; every step of rl.num_steps recorded), the mean over all its steps of "
+    "train.jsonl's update_norm (‖θ_t − θ_(t−1)‖₂ of the applied update); per method "
+    "the mean over its seeds; r = {base}'s mean / {method}'s mean; the norm-matched lr = the "
+    "config's lr × r. With AdamW the update is lr × (the bias-corrected first moment over "
+    "the root of the second, plus weight decay × θ), so "
+    "at fixed gradient statistics its norm scales about linearly in lr: {method} at this lr "
+    "takes {base}'s step size to first order (the achieved ratio, measured on the arm's own "
+    "runs, checks it). The CI of r: percentile bootstrap over seed ids, each method taking "
+    "the drawn ids it has (compare.bootstrap resamples, compare.bootstrap_seed); refused "
+    "when the runs lack update_norm records or a method has fewer than 2 complete runs")
+
+
+def norm_matched_spec(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The norm-matched arm's rule and endpoint: the primary's method at the lr
+    `NORM_MATCH_RULE` derives, with `matched_seeds`, against `compare.baseline` at the
+    config's lr, on the primary's split, k and window (`compare.margin` when set). Written
+    with the derived lr into the pre-registration's `norm_matched` section before the arm
+    runs (`matched.NORM_MATCHED`)."""
+    p, base = cfg.compare.primary, str(cfg.compare.baseline)
+    margin = cfg.compare.get("margin")
+    return {"rule": NORM_MATCH_RULE.format(base=base, method=str(p.method)),
+            "method": str(p.method), "baseline": str(base),
+            "baseline_lr": float(cfg.rl.optimizer.learning_rate), "seeds": matched_seeds(cfg),
+            "endpoint": {"comparison": f"{p.method}@norm-matched lr − {base}",
+                         "split": str(p.split), "k": int(p.k), "window": int(p.window),
+                         "level": float(cfg.compare.level),
+                         "interval": "seed-level Student t; two-level bootstrap beside it"},
+            **({"margin": float(margin)} if margin is not None else {})}
 
 
 #: Run-fingerprint fields that do not change what a run computes (cadence, layout, seed).

@@ -21,7 +21,7 @@ from sera_jax.studies.paired.config import NEEDS_START, RL_STAGES, resolve
 from sera_jax.studies.paired.curves import preregister
 from sera_jax.studies.paired.export import export_results
 from sera_jax.studies.paired.frontier import frontier_markdown, stage_frontier
-from sera_jax.studies.paired.matched import matched_markdown, stage_matched
+from sera_jax.studies.paired.matched import RULES, matched_markdown, stage_matched
 from sera_jax.studies.paired.prereg import (
     check_preregistration,
     require_committed,
@@ -40,7 +40,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
         seeds: Sequence[int | str] | None = None) -> dict[str, Any] | None:
     """Run one stage (see the package docstring) after resolving everything
     (`config.resolve`); returns the aggregate for the eval stages (the record / output of
-    preregister, matched, export).
+    preregister, matched, norm_matched, export).
 
     `methods`: names of `sera_jax.methods.METHODS` or its `Method` presets (the binary's
     `--methods`); `seeds`: integers (or the digit strings of `--seeds`). Each defaults to
@@ -93,8 +93,9 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, stage: str = "all",
     if stage == "frontier":  # --seeds: this process's share of every lr's runs
         table = stage_frontier(cfg, workdir, mesh, plan.seeds if plan.only_seeds else None)
         logging.info("\n%s", frontier_markdown(table))
-    if stage == "matched":  # --seeds: this process's share of the matched arm's runs
-        table = stage_matched(cfg, workdir, mesh, plan.seeds if plan.only_seeds else None)
+    if stage in RULES:  # matched, norm_matched; --seeds: this process's share of the runs
+        table = stage_matched(cfg, workdir, mesh, plan.seeds if plan.only_seeds else None,
+                              RULES[stage])
         logging.info("\n%s", matched_markdown(table))
     if stage == "export":
         table = export_results(cfg, workdir, plan.methods, plan.seeds)

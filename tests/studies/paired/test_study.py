@@ -811,7 +811,7 @@ def test_frontier_at_tiny_size_reuses_the_default_runs_and_selects_by_the_rule(
     saved = json.load(open(os.path.join(folder, "frontier.json")))
     assert recompute.compare_numbers(got, {k: v for k, v in saved.items()
                                            if k != "preregistration"}) == []
-    again = recompute.recompute(folder)["matched"]
+    again = recompute.recompute(folder)["matched"]["result"]
     assert recompute.compare_numbers(again, m["result"]) == []
     bad = ml_collections.ConfigDict(fcfg.to_dict())
     bad.frontier.methods = ("sera",)
