@@ -869,6 +869,16 @@ def _m_primary(field: str, two_level: bool = False) -> str:
     return _pp((p["two_level"] if two_level else p["estimate"])[field])
 
 
+def _mde(estimate: dict[str, Any]) -> float:
+    """The minimal detectable paired difference at 80 % power and 5 % two-sided, from a
+    seed-level estimate's sd and seed count (t quantiles; recomputed here, not read)."""
+    from scipy import stats
+
+    n = int(estimate["seeds"])
+    return ((stats.t.ppf(0.975, n - 1) + stats.t.ppf(0.80, n - 1))
+            * float(estimate["sd"]) / math.sqrt(n))
+
+
 def _m_gate(field: str) -> str:
     return _pp(math_table()["curves"]["gate"][field])
 
@@ -882,6 +892,8 @@ MATH_ROW: list[Derivation] = [
     ("primary: SERA − uniform held-out pass@16, window", lambda: _m_primary("mean")),
     ("its seed-level t CI, low", lambda: _m_primary("lo")),
     ("... high", lambda: _m_primary("hi")),
+    ("its MDE at 80 % power: (t_.975 + t_.80, S − 1 df) · sd / √S of the paired seeds",
+     lambda: _pp(_mde(math_table()["curves"]["primary"]["estimate"]), sign=False)),
     ("blind pass@1, %", lambda: _m_pass("blind", "1")),
     ("blind pass@16, %", lambda: _m_pass("blind", "16")),
     ("start pass@1, %", lambda: _m_pass("start", "1")),
@@ -963,6 +975,55 @@ SPEED_ROW: list[Derivation] = [
 ]
 
 
+def _frontier_config(task: str) -> dict[str, Any]:
+    with open(os.path.join(ROOT, "results", "lab", f"frontiers_{task}", "config.json")) as f:
+        return json.load(f)
+
+
+@functools.cache
+def _frontier_gaps(task: str) -> dict[str, tuple[str, str, str]]:
+    """{method: (mean, lo, hi)} of the frontier-gap table of a committed lab frontier
+    summary (its numbers are checked against sweep.json.gz by recompute_frontiers)."""
+    with open(os.path.join(ROOT, "results", "lab", f"frontiers_{task}", "summary.md")) as f:
+        text = f.read()
+    table = text.split("Frontier gap vs uniform", 1)[1].split("\n\n", 2)[1]
+    out = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        m = re.match(r"([+\-]\d+\.\d+) \[([+\-]\d+\.\d+), ([+\-]\d+\.\d+)\]", cells[2])
+        out[cells[0]] = m.groups()
+    return out
+
+
+def _frontier_lrs() -> list[int]:
+    return [len(_frontier_config(t)["sweep"]["learning_rates"]) for t in ("answers", "maze")]
+
+
+def _gap(task: str, method: str, i: int) -> str:
+    return _frontier_gaps(task)[method][i]
+
+
+def _peers_contain_zero() -> bool:
+    return all(float(_gap(t, m, 1)) <= 0 <= float(_gap(t, m, 2))
+               for t in ("answers", "maze") for m in ("vip", "gdro", "pilot_commit"))
+
+
+FRONTIER_ROW: list[Derivation] = [
+    ("methods", lambda: f"{len(_frontier_config('answers')['sweep']['methods'])}"),
+    ("lrs, fewest", lambda: f"{min(_frontier_lrs())}"),
+    ("lrs, most", lambda: f"{max(_frontier_lrs())}"),
+    ("paired seeds", lambda: f"{len(_frontier_config('answers')['compare']['seeds'])}"),
+    *[(f"{t} SERA gap {w}", (lambda t=t, i=i: _gap(t, "sera", i)))
+      for t in ("answers", "maze") for i, w in enumerate(("mean", "lo", "hi"))],
+    ("the 2026 allocators (a year, not data): every gap interval contains 0",
+     lambda: _claim(_peers_contain_zero(), "2026", "a 2026 allocator's gap excludes 0")),
+    *[(f"maze hit_utility gap {w}", (lambda i=i: _gap("maze", "hit_utility", i)))
+      for i, w in enumerate(("mean", "lo", "hi"))],
+    *[(f"maze GRPO gap {w}", (lambda i=i: _gap("maze", "grpo", i)))
+      for i, w in enumerate(("mean", "lo", "hi"))],
+]
+
+
 #: README rows (by the start of their first cell) whose numbers are derived from the data.
 TRACED: dict[str, tuple[str, list[Derivation]]] = {
     "Gradient alignment, digits": ("results/alignment/digits", ALIGNMENT_ROW),
@@ -973,6 +1034,7 @@ TRACED: dict[str, tuple[str, list[Derivation]]] = {
 
 
     "Allocation lab": ("results/lab/cpu_default", LAB_ROW),
+    "Learning-rate frontiers": ("results/lab/frontiers_{answers,maze}", FRONTIER_ROW),
     "Speed vs PyTorch": ("results/speed/2026-12-04_cpu_head", SPEED_ROW),
 }
 
