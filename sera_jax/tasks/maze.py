@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -343,6 +343,25 @@ def path_cells(walls: np.ndarray, tokens: Sequence[int]) -> list[tuple[int, int]
 # --------------------------------------------------------------------------- splits
 
 
+def _draw_distinct(size: int, seed: int, count: int, seen: set[str], max_tries: int,
+                   generator: str, too_few: Callable[[int, int], str]) -> list[np.ndarray]:
+    """`count` mazes of the stream `(seed, j)`, j = 0, 1, ..., skipping any whose `maze_hash`
+    is in `seen` (updated in place) or already drawn; ValueError(`too_few(found, draws)`)
+    after `max_tries` draws."""
+    mazes: list[np.ndarray] = []
+    j = 0
+    while len(mazes) < count:
+        if j >= max_tries:
+            raise ValueError(too_few(len(mazes), j))
+        walls = generate_maze(size, np.random.default_rng([int(seed), j]), generator)
+        j += 1
+        key = maze_hash(walls)
+        if key not in seen:
+            seen.add(key)
+            mazes.append(walls)
+    return mazes
+
+
 def build_splits(size: int, sizes: dict[str, int], seed: int, max_tries_factor: int = 20,
                  generator: str = "prim") -> dict[str, np.ndarray]:
     """Disjoint splits of distinct mazes: `{name: bool [sizes[name], size, size]}`.
@@ -359,22 +378,10 @@ def build_splits(size: int, sizes: dict[str, int], seed: int, max_tries_factor: 
         if int(n) != n or n < 0:
             raise ValueError(f"sizes[{name!r}] must be a non-negative integer, got {n!r}")
     total = int(sum(sizes.values()))
-    seen: set[str] = set()
-    mazes: list[np.ndarray] = []
-    j = 0
-    max_tries = max_tries_factor * total + 100
-    while len(mazes) < total:
-        if j >= max_tries:
-            raise ValueError(
-                f"sizes={sizes}: found only {len(mazes)} distinct {size}x{size} mazes in "
-                f"{j} draws; ask for fewer mazes or a larger size"
-            )
-        walls = generate_maze(size, np.random.default_rng([int(seed), j]), generator)
-        j += 1
-        key = maze_hash(walls)
-        if key not in seen:
-            seen.add(key)
-            mazes.append(walls)
+    mazes = _draw_distinct(
+        size, seed, total, set(), max_tries_factor * total + 100, generator,
+        lambda found, j: f"sizes={sizes}: found only {found} distinct {size}x{size} mazes in "
+                         f"{j} draws; ask for fewer mazes or a larger size")
     out, offset = {}, 0
     for name, n in sizes.items():
         block = mazes[offset : offset + int(n)]
@@ -396,19 +403,10 @@ def build_sealed_split(size: int, num: int, seed: int, exclude: dict[str, np.nda
     size = _check_size(size)
     _check_generator(generator)
     seen = {maze_hash(w) for block in exclude.values() for w in block}
-    mazes: list[np.ndarray] = []
-    j, max_tries = 0, max_tries_factor * int(num) + 100
-    while len(mazes) < int(num):
-        if j >= max_tries:
-            raise ValueError(
-                f"num_test={num}: found only {len(mazes)} {size}x{size} mazes outside the other "
-                f"splits in {j} draws; ask for fewer mazes or a larger size")
-        walls = generate_maze(size, np.random.default_rng([int(seed), j]), generator)
-        j += 1
-        key = maze_hash(walls)
-        if key not in seen:
-            seen.add(key)
-            mazes.append(walls)
+    mazes = _draw_distinct(
+        size, seed, int(num), seen, max_tries_factor * int(num) + 100, generator,
+        lambda found, j: f"num_test={num}: found only {found} {size}x{size} mazes outside the "
+                         f"other splits in {j} draws; ask for fewer mazes or a larger size")
     return np.stack(mazes) if mazes else np.zeros((0, size, size), bool)
 
 
