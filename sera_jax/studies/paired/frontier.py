@@ -223,8 +223,8 @@ def stage_frontier(cfg: ml_collections.ConfigDict, workdir: str, mesh=None,
         cdir = lr_dir(cfg, workdir, lr)
         lr_methods, lr_seeds, lr_per = lr_arms(cfg, lr)
         t0 = time.perf_counter()
-        run_plan(ccfg, cdir, arms(ccfg, lr_methods, lr_seeds, lr_per), mesh, only=only,
-                 sft_dir=sft_dir)
+        diverged = run_plan(ccfg, cdir, arms(ccfg, lr_methods, lr_seeds, lr_per), mesh,
+                            only=only, keep_going=True, sft_dir=sft_dir)
         results_dir = os.path.join(workdir, "frontier", f"lr{lr:g}", "results")
         table = aggregate(ccfg, cdir, lr_methods, lr_seeds, sft_dir=sft_dir, mesh=mesh,
                           plots=False, results_dir=results_dir, method_seeds=lr_per)
@@ -234,7 +234,9 @@ def stage_frontier(cfg: ml_collections.ConfigDict, workdir: str, mesh=None,
         out["lrs"][f"{lr:g}"] = {"lr": lr, "dir": os.path.relpath(cdir, workdir),
                                  "methods": lr_methods, "seeds": lr_seeds,
                                  **({"method_seeds": lr_per} if lr_per else {}),
-                                 **pts, "gate": table["gate"]}
+                                 **pts, "gate": table["gate"],
+                                 # runs stopped by a non-finite step: left out of the points
+                                 **({"diverged": diverged} if diverged else {})}
         if "sft" not in out and table["curves"]["sft"].get(split):
             out.update(start_points(table, k, window, split))
         out.update(summarise(out, base, k))
@@ -316,6 +318,11 @@ def frontier_markdown(out: dict[str, Any]) -> str:
             for arm, p in e.get("points_eval", {}).items():
                 lines.append(f"| {name} | {arm} | {p['pass@1']['seeds']} | {ci(p['pass@1'])} "
                              f"| {ci(p[key])} |")
+    for name, e in out["lrs"].items():
+        if e.get("diverged"):
+            runs = ", ".join(f"{d['arm']} seed {d['seed']}" for d in e["diverged"])
+            lines += ["", f"lr {name}: diverged (a non-finite step; left out of its points): "
+                          f"{runs}."]
     lines += ["", f"Rule: {out['rule']}. Admissible: {admissible}. Selected: {chosen}."]
     lines += validity_lines(out)
     for m, d in out.get("above_baseline_frontier", {}).items():

@@ -13,7 +13,14 @@ from absl import logging
 
 from sera_jax import loop
 from sera_jax import methods as methods_lib
-from sera_jax.records import append_jsonl, log_timing, read_json, read_jsonl, write_jsonl
+from sera_jax.records import (
+    append_jsonl,
+    log_timing,
+    read_json,
+    read_jsonl,
+    write_json,
+    write_jsonl,
+)
 from sera_jax.rl import trainer as trainer_lib
 from sera_jax.studies import common
 from sera_jax.studies.paired import mechanism
@@ -171,16 +178,44 @@ def stage_rl(cfg: ml_collections.ConfigDict, workdir: str, method: str, seed: in
     return result
 
 
+#: The marker a diverged run leaves in its directory (`run_plan(keep_going=True)`).
+DIVERGED = "diverged.json"
+
+
 def run_plan(cfg: ml_collections.ConfigDict, workdir: str, plan: list[tuple[str, list[int]]],
              mesh=None, *, only: set[int] | None = None, sft_dir: str | None = None,
-             resolved: dict[str, methods_lib.Method] | None = None) -> None:
+             resolved: dict[str, methods_lib.Method] | None = None,
+             keep_going: bool = False) -> list[dict[str, Any]]:
     """Every (arm, seed) run of `plan` (`spec.rl_plan` / `spec.arms`), seed-major so a
     killed comparison leaves complete pairs behind; `only`: run just these seeds (one
-    process per core); `resolved`: each arm's `Method` from `validate`."""
+    process per core); `resolved`: each arm's `Method` from `validate`.
+
+    A run whose step is non-finite stops there (`loop.NonFiniteError`: nothing non-finite
+    is saved). By default the error propagates. With `keep_going` (a sweep such as the lr
+    frontier, where one diverging lr must not stop the others) the run is marked
+    `<run dir>/diverged.json` (the error), skipped by later calls, and the plan goes on;
+    returns the diverged runs ({arm, seed, error}), earlier ones included."""
+    diverged = []
     for seed in sorted({s for _, ss in plan for s in ss}):
         if only is not None and seed not in only:
             continue
         for arm, arm_seeds in plan:
-            if seed in arm_seeds:
+            if seed not in arm_seeds:
+                continue
+            marker = os.path.join(run_dir(workdir, arm, seed), DIVERGED)
+            if keep_going and os.path.exists(marker):
+                diverged.append(read_json(marker))
+                logging.warning("%s seed %d diverged before (%s): skipped", arm, seed, marker)
+                continue
+            try:
                 stage_rl(cfg, workdir, arm, seed, mesh, sft_dir=sft_dir,
                          resolved=(resolved or {}).get(arm))
+            except loop.NonFiniteError as e:
+                if not keep_going:
+                    raise
+                record = {"arm": arm, "seed": int(seed), "error": str(e)}
+                os.makedirs(os.path.dirname(marker), exist_ok=True)
+                write_json(marker, record)
+                diverged.append(record)
+                logging.error("%s seed %d diverged: %s", arm, seed, e)
+    return diverged
