@@ -39,6 +39,8 @@ class EvalResult:
     """Per-prompt counts and the summary of one evaluation.
 
     prompt_ids, num_correct, majority_correct (NaN when the task has no answers): [P].
+    outcomes: [P, n] int8 `OUTCOMES` index of every sample (correct, wrong answer, no answer,
+    truncated); lengths: [P, n] its generated tokens.
     summary: {'pass@k': ..., 'maj@n' (when available), 'reward_mean', 'mean_length',
     'truncated_fraction', 'num_prompts', 'num_samples'}.
     """
@@ -48,6 +50,8 @@ class EvalResult:
     num_correct: np.ndarray
     majority_correct: np.ndarray
     summary: dict[str, float]
+    outcomes: np.ndarray | None = None
+    lengths: np.ndarray | None = None
 
     def to_dict(self) -> dict[str, float]:
         """The summary scalars (for TensorBoard / JSON)."""
@@ -69,6 +73,22 @@ class EvalResult:
             for q, c, m in zip(self.prompt_ids, self.num_correct, self.majority_correct):
                 w.writerow([int(q), self.num_samples, int(c), "" if np.isnan(m) else int(m)])
         return summary_path, prompts_path
+
+
+#: A sample's outcome class, by index: rewarded; an answer that is wrong; no answer the task
+#: can read (only for tasks with `extract_answers`); cut by the length cap (truncated samples
+#: score 0, whatever they say).
+OUTCOMES = ("correct", "wrong", "no_answer", "truncated")
+
+
+def outcome_classes(rewards: np.ndarray, truncated: np.ndarray,
+                    answers: Sequence[Any] | None) -> np.ndarray:
+    """Each sample's `OUTCOMES` index (int8): truncated first, then correct (reward > 0),
+    then no answer (`answers[i] is None`; never when `answers` is None), else wrong."""
+    truncated = np.asarray(truncated, bool)
+    none = (np.zeros(truncated.shape, bool) if answers is None
+            else np.array([a is None for a in answers], bool))
+    return np.select([truncated, np.asarray(rewards) > 0, none], [3, 0, 2], 1).astype(np.int8)
 
 
 def prompt_slots(num_prompts: int, width: int, num_samples: int) -> int:
@@ -163,4 +183,6 @@ def evaluate(
                    truncated_fraction=float(truncated.mean()), num_prompts=float(ids.size),
                    num_samples=float(n))
     return EvalResult(prompt_ids=ids, num_samples=n, num_correct=correct,
-                      majority_correct=majority, summary=summary)
+                      majority_correct=majority, summary=summary,
+                      outcomes=outcome_classes(rewards, truncated, answers).reshape(ids.size, n),
+                      lengths=np.asarray(lengths, np.int32).reshape(ids.size, n))

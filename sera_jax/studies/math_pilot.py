@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from sera_jax import loop
 from sera_jax.records import read_json, write_json
@@ -45,6 +46,8 @@ from sera_jax.tasks.mathqa.task import load_splits
 
 _BARE = "bare_add,bare_sub,bare_mul"
 _SMALL = "small_add,small_sub,small_mul"
+_STEPS2 = "chain_addsub,chain_subadd,mul_add,mul_sub"
+_SMALL2 = "small_chain_addsub,small_chain_subadd,small_mul_add,small_mul_sub"
 
 #: name -> task overrides (on the config's `task` block).
 CANDIDATES: dict[str, dict[str, Any]] = {
@@ -80,6 +83,36 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     # The same at cap 24.
     "small24_nl": dict(steps=(1,), templates=_SMALL, template="number", max_new_tokens=24,
                        stop_at_newline=True),
+    # Issue 49: two-step bare arithmetic (a + b - c, a - b + c, a x b + c, a x b - c) with a
+    # format-ready start: four worked examples as earlier chat turns ("14 + 23 = 37, and
+    # 37 - 9 = 28. The answer is 28."), one line (newline stop), cap 40.
+    "steps2_fs": dict(steps=(2,), templates=_STEPS2, template="worked", fewshot="steps",
+                      max_new_tokens=40, stop_at_newline=True),
+    # The same with two-digit x one-digit products (one step) in the mix.
+    "steps2_fs_bmul": dict(steps=(1, 2), templates=_STEPS2 + ",bare_mul", template="worked",
+                           fewshot="steps", max_new_tokens=40, stop_at_newline=True),
+    # Control: the same problems asked for the number only, no examples (format not ready).
+    "steps2_number": dict(steps=(2,), templates=_STEPS2, template="number", fewshot="",
+                          max_new_tokens=24, stop_at_newline=True),
+    # Two-step word problems (bags, wage, more_than) beside the bare ones, the same examples.
+    "steps2_fs_word": dict(steps=(2,), templates=_STEPS2 + ",bags,wage,more_than",
+                           template="worked", fewshot="steps", max_new_tokens=48,
+                           stop_at_newline=True),
+    # The two-step mix with small numbers, the same examples and format.
+    "small2_fs": dict(steps=(2,), templates=_SMALL2, template="worked", fewshot="steps",
+                      max_new_tokens=40, stop_at_newline=True),
+    # The small mix with the short worked line ("7 x 6 = 42, 42 + 15 = 57"), cap 24.
+    "small2_short": dict(steps=(2,), templates=_SMALL2, template="steps",
+                         fewshot="steps_short", max_new_tokens=24, stop_at_newline=True),
+    # The same at cap 32 (cap 24 cut 9 % of the lines: two-digit steps take 23-25 tokens).
+    "small2_short32": dict(steps=(2,), templates=_SMALL2, template="steps",
+                           fewshot="steps_short", max_new_tokens=32, stop_at_newline=True),
+    # The two-digit mix with the short worked line, cap 24.
+    "steps2_short": dict(steps=(2,), templates=_STEPS2, template="steps",
+                         fewshot="steps_short", max_new_tokens=24, stop_at_newline=True),
+    # Both mixes together (half small, half two-digit).
+    "mixed2_fs": dict(steps=(2,), templates=_SMALL2 + "," + _STEPS2, template="worked",
+                      fewshot="steps", max_new_tokens=40, stop_at_newline=True),
 }
 #: Problems per split, the first one the candidate's templates supply (the pilot wants
 #: >= 128 train and >= 128 held-out).
@@ -91,8 +124,9 @@ def candidate_config(cfg: ml_collections.ConfigDict, name: str) -> ml_collection
     `SPLIT_SIZES` the templates can supply (add/mul has ~110 held-out contents), the RL
     sampler's temperature / top-p for the evaluation and no training-problem scoring."""
     c = copy.deepcopy(cfg)
-    for field, value in CANDIDATES[name].items():
-        c.task[field] = value
+    with c.unlocked():  # optional task fields (`fewshot`) may be new to the config
+        for field, value in CANDIDATES[name].items():
+            c.task[field] = value
     for size in SPLIT_SIZES:
         c.task.num_train = c.task.num_eval = size
         try:
@@ -103,6 +137,8 @@ def candidate_config(cfg: ml_collections.ConfigDict, name: str) -> ml_collection
     c.eval.temperature, c.eval.top_p = c.rl.sampling.temperature, c.rl.sampling.top_p
     c.eval.top_k, c.eval.max_new_tokens = 0, 0
     c.eval.train_prompts = 0  # held-out problems only
+    with c.unlocked():  # each sample's class (correct / wrong / no answer / truncated)
+        c.eval.outcomes = True
     return c
 
 
@@ -193,15 +229,19 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, candidates: list[str]) -> 
 def table(records: dict[str, dict]) -> str:
     """Markdown: one row per candidate (percent; length in tokens; seconds of evaluation)."""
     lines = ["| candidate | train / held-out | pass@1 | pass@n | maj@n | truncated | "
-             "mean length | eval s |", "|---|---|---|---|---|---|---|---|"]
+             "parseable | p < 1/8 | mean length | eval s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in records.items():
         n = str(r["num_samples"])
         maj = "–" if r["maj_at_n"] is None else f"{100 * r['maj_at_n']:.1f}"
+        frac = r.get("outcome_fractions")
+        parse = "–" if frac is None else f"{100 * (frac['correct'] + frac['wrong']):.1f}%"
+        low = np.mean(np.asarray(r["num_correct"]) / int(n) < 1 / 8)
         lines.append(
             f"| {name} | {r['num_train']} / {r['num_eval']} | "
             f"{100 * r['pass_at_k']['1']:.1f} | {100 * r['pass_at_k'][n]:.1f} (n={n}) | {maj} "
-            f"| {100 * r['truncated_fraction']:.1f}% | {r['mean_length']:.1f} | "
-            f"{r['seconds']:.0f} |")
+            f"| {100 * r['truncated_fraction']:.1f}% | {parse} | {100 * low:.0f}% "
+            f"| {r['mean_length']:.1f} | {r['seconds']:.0f} |")
     return "\n".join(lines) + "\n"
 
 

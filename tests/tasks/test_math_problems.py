@@ -96,7 +96,7 @@ def _keys(ps):
 
 
 def test_bare_arithmetic_templates(bare):
-    assert problems.BARE_TEMPLATE_NAMES == _WIDE + _SMALL
+    assert problems.BARE_TEMPLATE_NAMES[:6] == _WIDE + _SMALL  # then the two-step ones
     names = {p.meta["template"] for p in bare["train"]}
     assert names in ({*_WIDE}, {*_SMALL})
     again = problems.generate_arithmetic(128, 128, seed=0, steps=(1,), templates=sorted(names))

@@ -108,7 +108,7 @@ def validate(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequ
 
 #: Where a sealed test split comes from (the errors' fix).
 SEALED_HOW = ("a kind whose task has one: the maze's task.num_test > 0 with its own "
-              "task.test_seed")
+              "task.test_seed, or generated math problems with task.num_test > 0")
 
 
 def validate_test_prompts(cfg: ml_collections.ConfigDict) -> None:

@@ -3,6 +3,7 @@ counts) and the start scored at every point with that point's keys (cached)."""
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from collections.abc import Sequence
@@ -39,12 +40,26 @@ def _score(model: Any, task: Any, cfg: ml_collections.ConfigDict, split: str,
                             sampling=eval_sampling(cfg, task), key=key, prompt_ids=ids,
                             batch_size=batch, mesh=mesh)
     ks, values = pass_at_k_curve(np.full(ids.size, res.num_samples), res.num_correct)
-    return {"num_samples": int(res.num_samples),
+    extra = {}
+    if cfg.eval.get("outcomes", False):
+        extra = outcome_fields(res.outcomes, res.lengths)
+    return {**extra, "num_samples": int(res.num_samples),
             "pass_at_k": {str(int(k)): float(v) for k, v in zip(ks, values)},
             "num_correct": res.num_correct.astype(int).tolist(),
             "maj": next((v for k, v in res.summary.items() if k.startswith("maj@")), None),
             "mean_length": res.summary["mean_length"],
             "truncated_fraction": res.summary.get("truncated_fraction")}
+
+
+def outcome_fields(outcomes: np.ndarray, lengths: np.ndarray) -> dict[str, Any]:
+    """The per-sample record of a scoring (`eval.outcomes`): `outcomes`, one string per
+    prompt of its samples' `eval_lib.OUTCOMES` indices ("0013..."), `lengths` (tokens,
+    [prompt][sample]) and `outcome_fractions` (each class's share of all samples)."""
+    outcomes = np.asarray(outcomes, np.int8)
+    return {"outcomes": ["".join(map(str, row)) for row in outcomes.tolist()],
+            "lengths": np.asarray(lengths, int).tolist(),
+            "outcome_fractions": {name: float((outcomes == i).mean())
+                                  for i, name in enumerate(eval_lib.OUTCOMES)}}
 
 
 def evaluate_policy(model: Any, task: Any, cfg: ml_collections.ConfigDict,
@@ -128,6 +143,41 @@ def sft_points(cfg: ml_collections.ConfigDict, sft_dir: str, mesh=None, model=No
         fp = {**start_fingerprint(cfg), "sft_step": sft_step, "eval": _eval_fingerprint(cfg),
               "point": [step, n, seed]}
         out[(step, n, seed)] = common.cached_json(path, fp, compute)
+    return out
+
+
+def start_temperature_rows(cfg: ml_collections.ConfigDict, sft_dir: str, mesh=None,
+                           model=None) -> dict[str, dict[str, Any]]:
+    """The start at each of `eval.start_temperatures` (issue 49: is a gain learning or a
+    sharper sampler?), scored like a final point (`evaluate_policy` at step `rl.num_steps`,
+    the `eval.seed` keys, `eval.num_samples` samples; one sample at temperature 0, which is
+    greedy: every sample would be the same): `{str(T): record}`, each cached in
+    `sft/crn/temperature<T>.json` under the start's and the evaluation's fingerprint.
+    Empty when the field is unset."""
+    temps = [float(t) for t in cfg.eval.get("start_temperatures", ()) or ()]
+    out: dict[str, dict[str, Any]] = {}
+    if not temps:
+        return out
+    os.makedirs(os.path.join(sft_dir, "crn"), exist_ok=True)
+    loaded: dict[str, Any] = {}
+    for temp in temps:
+        tcfg = copy.deepcopy(cfg)
+        tcfg.eval.temperature = temp
+        n = 1 if temp == 0 else int(cfg.eval.num_samples)
+
+        def compute(tcfg=tcfg, n=n) -> dict[str, Any]:
+            if "model" not in loaded:
+                loaded["task"] = build_task(cfg)
+                loaded["model"] = (model if model is not None
+                                   else start_policy(cfg, sft_dir, mesh)[0])
+            return evaluate_policy(loaded["model"], loaded["task"], tcfg, n,
+                                   int(cfg.rl.num_steps), mesh)
+
+        fp = {**start_fingerprint(cfg), "sft_step": start_step(cfg, sft_dir),
+              "eval": _eval_fingerprint(tcfg), "point": [int(cfg.rl.num_steps), n,
+                                                         int(cfg.eval.seed)]}
+        out[f"{temp:g}"] = common.cached_json(
+            os.path.join(sft_dir, "crn", f"temperature{temp:g}.json"), fp, compute)
     return out
 
 

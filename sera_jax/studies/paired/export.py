@@ -14,7 +14,10 @@ comparison (and frontier, and lr- and norm-matched) numbers, under
   (`matched/run/...`, `norm_matched/run/...`), and the blind control's per-prompt success
   probability (`blind_q`). `<split>` is `eval`, `train`
   when training prompts are scored and `test` when the sealed test split is (whose blind
-  control is `blind_q_test`).
+  control is `blind_q_test`);
+* with `eval.outcomes`, `outcomes.npz` (each sample's class and length, int8 / uint16,
+  compressed: `outcomes.outcome_arrays`, with `templates/<split>`) and `outcomes.json`
+  (format vs correctness, `report.write_outcomes`).
 
 `sera_jax.studies.paired.recompute` rebuilds the tables from these files alone.
 
@@ -49,6 +52,7 @@ from sera_jax.records import read_json
 from sera_jax.studies import common
 from sera_jax.studies.paired import frontier as fr
 from sera_jax.studies.paired import matched as mt
+from sera_jax.studies.paired.outcomes import OUTCOMES_FILE
 from sera_jax.studies.paired.prereg import (
     PREREGISTRATION,
     comparison_hashes,
@@ -56,7 +60,7 @@ from sera_jax.studies.paired.prereg import (
     read_preregistration,
     registered,
 )
-from sera_jax.studies.paired.report import gather
+from sera_jax.studies.paired.report import START_ROWS, gather, outcome_inputs
 from sera_jax.studies.paired.spec import comparison_spec, repo_path, repo_root, results_dir
 from sera_jax.studies.paired.validity import VALIDITY
 
@@ -66,7 +70,7 @@ MANIFEST = "export.json"
 EXPORT_FILES = ("comparison.json", "frontier.json", "matched.json", "norm_matched.json",
                 PREREGISTRATION,
                 "sft_validity.json", "config.json", COUNTS, "mechanism.json",
-                "frontier_mechanism.json")
+                "frontier_mechanism.json", "outcomes.json", OUTCOMES_FILE, START_ROWS)
 
 
 def _put(arrays: dict[str, np.ndarray], key: str, rec: Mapping[str, Any] | None) -> None:
@@ -246,6 +250,7 @@ def export_results(cfg: ml_collections.ConfigDict, workdir: str,
     # Everything is read before anything is written.
     data = gather(cfg, workdir, methods, seeds, sft_dir, curve_analysis=curve)
     arrays = data_arrays(data)
+    per_sample = outcome_inputs(cfg, data)  # eval.outcomes: each sample's class
     validity = read_json(os.path.join(sft_dir, VALIDITY))
     arrays["blind_q"] = np.asarray(validity["blind_q"], np.float64)
     if "test" in validity:  # the sealed test split's blind control
@@ -256,6 +261,10 @@ def export_results(cfg: ml_collections.ConfigDict, workdir: str,
     prereg = preregistration_path(cfg)
     prereg_copy = os.path.join(out_dir, PREREGISTRATION) if os.path.exists(prereg) else None
     jsons = {"comparison.json": read_json(os.path.join(results, "comparison.json"))}
+    if per_sample:
+        jsons["outcomes.json"] = read_json(os.path.join(results, "outcomes.json"))
+    if os.path.exists(os.path.join(results, START_ROWS)):
+        jsons[START_ROWS] = read_json(os.path.join(results, START_ROWS))
     if os.path.exists(os.path.join(results, "mechanism.json")):  # `mechanism.write_summary`
         jsons["mechanism.json"] = read_json(os.path.join(results, "mechanism.json"))
     if os.path.exists(os.path.join(results, "frontier.json")):
@@ -304,6 +313,9 @@ def export_results(cfg: ml_collections.ConfigDict, workdir: str,
             files.append(PREREGISTRATION)
         np.savez_compressed(os.path.join(tmp, COUNTS), **arrays)
         files.append(COUNTS)
+        if per_sample:
+            np.savez_compressed(os.path.join(tmp, OUTCOMES_FILE), **per_sample)
+            files.append(OUTCOMES_FILE)
         manifest["files"] = {f: {"bytes": os.path.getsize(os.path.join(tmp, f)),
                                  "sha256": sha256_file(os.path.join(tmp, f))}
                              for f in sorted(files)}

@@ -49,7 +49,13 @@ from sera_jax.studies.paired.evaluation import pass1_distribution
 from sera_jax.studies.paired.export import COUNTS, EXPORT_FILES, MANIFEST, sha256_file
 from sera_jax.studies.paired.frontier import frontier_markdown
 from sera_jax.studies.paired.kinds.base import blind_pass_at_k
-from sera_jax.studies.paired.report import RUN_FIELDS, build_table
+from sera_jax.studies.paired.outcomes import OUTCOMES_FILE
+from sera_jax.studies.paired.report import (
+    RUN_FIELDS,
+    START_ROWS,
+    build_table,
+    outcome_summary,
+)
 from sera_jax.studies.paired.tables import comparison_markdown
 from sera_jax.studies.paired.validity import check_validity, validity_settings
 
@@ -328,6 +334,18 @@ def recompute(folder: str) -> dict[str, Any]:
         out["frontier"] = fout
     for rule in mt.RULES.values():  # the matched arms: {"result", ...rule.rederive}
         out[rule.stage] = recompute_matched(folder, rule, cfg, counts, data)
+    out["outcomes"] = None
+    if os.path.exists(os.path.join(folder, OUTCOMES_FILE)):  # per-sample classes
+        arrays = read_counts(os.path.join(folder, OUTCOMES_FILE))
+        # through JSON, as saved: integer seeds become keys of strings
+        out["outcomes"] = json.loads(json.dumps(outcome_summary(cfg, arrays)))
+    out["start_temperatures"] = None
+    if os.path.exists(os.path.join(folder, START_ROWS)):  # pass@k from the saved counts
+        rows = read_export_json(folder, START_ROWS)
+        out["start_temperatures"] = {t: {**r, "pass_at_k": {
+            str(int(k)): float(v) for k, v in zip(*pass_at_k_curve(
+                np.full(len(r["num_correct"]), r["num_samples"]),
+                np.asarray(r["num_correct"])))}} for t, r in rows.items()}
     return out
 
 
@@ -432,6 +450,10 @@ def _main(folder: str) -> int:
         checks.append(("frontier", out["frontier"], "frontier.json"))
     checks += [(rule.stage, out[rule.stage], f"{rule.stage}.json")
                for rule in mt.RULES.values() if out[rule.stage] is not None]
+    if out["outcomes"] is not None:
+        checks.append(("outcomes", out["outcomes"], "outcomes.json"))
+    if out["start_temperatures"] is not None:
+        checks.append(("start_temperatures", out["start_temperatures"], START_ROWS))
     for name, got, file in checks:
         saved = read_export_json(folder, file)
         saved = (saved_view(saved, got) if name in mt.RULES else

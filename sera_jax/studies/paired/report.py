@@ -16,6 +16,7 @@ from sera_jax.metrics import analytic_pass_at_k
 from sera_jax.records import read_json, read_jsonl, write_json
 from sera_jax.rl import config as rl_config
 from sera_jax.studies import compare as cmp
+from sera_jax.studies.paired import outcomes
 from sera_jax.studies.paired.curves import (
     PREREGISTERED,
     curve_records,
@@ -23,7 +24,7 @@ from sera_jax.studies.paired.curves import (
     per_step_diagnostics,
     preregister,
 )
-from sera_jax.studies.paired.evaluation import sft_points
+from sera_jax.studies.paired.evaluation import sft_points, start_temperature_rows
 from sera_jax.studies.paired.figures import plot_comparison, plot_delta_curves
 from sera_jax.studies.paired.kinds import get_kind
 from sera_jax.studies.paired.mechanism import write_summary as write_mechanism
@@ -34,6 +35,8 @@ from sera_jax.studies.paired.spec import (
     NULL,
     SPLITS,
     arms,
+    build_task,
+    eval_splits,
     eval_steps,
     is_exploratory,
     run_config,
@@ -227,6 +230,13 @@ def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[st
     write_mechanism(results_dir, workdir,
                     [(arm, sorted(runs)) for arm, runs in data["runs"].items() if runs],
                     is_exploratory(cfg))
+    write_outcomes(cfg, data, results_dir)
+    rows = start_temperature_rows(cfg, sft_dir or os.path.join(workdir, "sft"), mesh)
+    if rows:  # the start at other temperatures, beside the comparison's start
+        write_json(os.path.join(results_dir, START_ROWS), {
+            t: {k: r[k] for k in ("num_samples", "pass_at_k", "num_correct", "mean_length",
+                                  "truncated_fraction", "outcome_fractions") if k in r}
+            for t, r in rows.items()})
     if plots:
         plot_comparison(table, data["plot_curves"], data["sft_eval"], results_dir)
         if "curves" in table:
@@ -285,9 +295,12 @@ def build_table(cfg: ml_collections.ConfigDict, data: Mapping[str, Any],
         table["num_prompts"]["test"] = len(sft_final["test"]["num_correct"])
     if data.get("validity") is not None:
         table["validity"] = data["validity"]
+        guesser = data["validity"].get("blind")  # None: the kind's default guesser
+        note = (f"{w.blind} guesser: {w.blind_note}" if guesser is None else
+                f"{w.blind} guesser {guesser!r} (compare.blind; every guesser's pass@k, "
+                f"{', '.join(sorted(data['validity']['guessers']))}, in sft/validity.json)")
         table["blind"] = {"pass_at_k": dict(data["validity"]["blind_pass_at_k"]),
-                          "note": f"{w.blind} guesser: {w.blind_note}; exact pass@k "
-                                  "(sft/validity.json)"}
+                          "note": f"{note}; exact pass@k (sft/validity.json)"}
         if "test" in data["validity"]:
             table["blind"]["test_pass_at_k"] = dict(
                 data["validity"]["test"]["blind_pass_at_k"])
@@ -382,6 +395,49 @@ def build_table(cfg: ml_collections.ConfigDict, data: Mapping[str, Any],
         table["aa"] = table["curves"]["aa"]
         table["valid"] = bool(table["gate"]["passes"])
     return table
+
+
+#: The start at `eval.start_temperatures` (`evaluation.start_temperature_rows`), per
+#: temperature: its pass@k, per-prompt counts and outcome shares.
+START_ROWS = "start_temperatures.json"
+
+
+def outcome_inputs(cfg: ml_collections.ConfigDict, data: Mapping[str, Any]
+                   ) -> dict[str, np.ndarray]:
+    """The per-sample arrays of the gathered runs (`outcomes.outcome_arrays`) with each
+    scored split's problem templates (`templates/<split>`); empty without `eval.outcomes`."""
+    arrays = outcomes.outcome_arrays(data)
+    if arrays:
+        task = build_task(cfg)
+        for split in eval_splits(cfg):
+            arrays[f"templates/{split}"] = np.asarray(
+                [str(p.meta.get("template", "")) for p in task.problems(split)])
+    return arrays
+
+
+def outcome_summary(cfg: ml_collections.ConfigDict, arrays: Mapping[str, np.ndarray]
+                    ) -> dict[str, Any]:
+    """`outcomes.summarise` of `outcome_inputs` with the config's final-point start key,
+    splits, baseline and level."""
+    start_key = f"sft/{int(cfg.rl.num_steps)}_{int(cfg.eval.num_samples)}_{int(cfg.eval.seed)}"
+    splits = eval_splits(cfg)
+    return outcomes.summarise(arrays, start_key, splits,
+                              {s: arrays[f"templates/{s}"].tolist() for s in splits},
+                              str(cfg.compare.baseline), float(cfg.compare.get("level", 0.95)))
+
+
+def write_outcomes(cfg: ml_collections.ConfigDict, data: Mapping[str, Any], results_dir: str
+                   ) -> dict[str, Any] | None:
+    """`results/outcomes.{json,md}` (format vs correctness per arm and template) when the
+    runs' records carry per-sample outcomes (`eval.outcomes`); else nothing."""
+    arrays = outcome_inputs(cfg, data)
+    if not arrays:
+        return None
+    summary = outcome_summary(cfg, arrays)
+    write_json(os.path.join(results_dir, "outcomes.json"), summary)
+    with open(os.path.join(results_dir, "outcomes.md"), "w") as f:
+        f.write(outcomes.summary_markdown(summary))
+    return summary
 
 
 def paired_floor(cfg: ml_collections.ConfigDict, runs: Mapping[str, Mapping[int, Any]], n: int,

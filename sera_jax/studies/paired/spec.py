@@ -53,7 +53,8 @@ ALLOC_RECORDS = "alloc.jsonl"
 #: `eval.test_prompts`: sealed test prompts scored at every point (0: none).
 #: `eval.kl_prompts` x `eval.kl_samples`: KL(π_t ‖ π_start) at every point (`mechanism`).
 EVAL_DEFAULTS = {"kv_cache_dtype": "", "paired_noise": False, "test_prompts": 0,
-                 "kl_prompts": 32, "kl_samples": 8}
+                 "kl_prompts": 32, "kl_samples": 8, "outcomes": False,
+                 "start_temperatures": ()}
 
 
 #: What every output of an exploratory run says (`compare.exploratory`).

@@ -30,6 +30,7 @@ from sera_jax.studies.paired.evaluation import (
     pass1_distribution,
     sft_points,
     start_policy,
+    start_temperature_rows,
 )
 from sera_jax.studies.paired.kinds import get_kind
 from sera_jax.studies.paired.spec import (
@@ -75,6 +76,9 @@ def stage_sft(cfg: ml_collections.ConfigDict, workdir: str, mesh=None) -> dict[s
     # The blind control beside the start (sft/validity.json; the RL stages' gate).
     validity = sft_validity(cfg, sft_dir, out["final"], sft_step)
     logging.info("%s", validity_line(validity))
+    for temp, rec in start_temperature_rows(cfg, sft_dir, mesh, model).items():
+        logging.info("start at temperature %s: pass@1 %.2f %%", temp,
+                     100 * rec["pass_at_k"]["1"])
     return out
 
 

@@ -17,6 +17,11 @@ Otherwise the study refuses with one StudyError naming the numbers and the overr
 `compare.allow_blind_task=True` (a documented exploration: the override is logged and
 recorded in comparison.json / frontier.json / matched.json under "validity").
 
+The blind control is the kind's default guesser unless `compare.blind` names another
+(`blind_choice`; the math kind's "strongest" is the best of its answer-blind guessers,
+`kinds.lm.blind_guessers`); a config without the field, or with "frequency", computes and
+caches exactly what it did before the field existed.
+
 With a sealed test split scored (`eval.test_prompts` > 0) the blind control and the check
 are also computed on its prompts (the start's step-0 test counts) and reported beside the
 held-out ones (`"test"` in the report and the record); a primary endpoint on "test" is gated
@@ -63,6 +68,15 @@ def validity_settings(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
             "blind_share": float(s["validity_blind_share"]), "k": k}
 
 
+def blind_choice(cfg: ml_collections.ConfigDict) -> str:
+    """`compare.blind` ("frequency" when unset), checked against the guessers the kind
+    offers (its `blind_choices`; a kind without them has only "frequency")."""
+    blind = cfg.compare.get("blind", "frequency")
+    choices = getattr(get_kind(cfg), "blind_choices", ("frequency",))
+    common.check(blind in choices, "compare.blind", blind, f"one of {tuple(choices)}")
+    return blind
+
+
 def check_validity(start: Mapping[str, float], blind: Mapping[str, float], k: int,
                    pass1_ratio: float = 2.0, blind_share: float = 0.5) -> dict[str, Any]:
     """The validity gate on held-out pass@k dicts (keys `str(k)`, values in [0, 1]) of the
@@ -96,11 +110,14 @@ def sft_validity(cfg: ml_collections.ConfigDict, sft_dir: str, start: Mapping[st
     evaluation and threshold fingerprint; `start`: the SFT start's held-out record at step 0
     (final size, `eval.seed` keys: `sft/eval.json`'s "final")."""
     settings = validity_settings(cfg)
+    blind_name = blind_choice(cfg)
+    # The default guesser is asked as before the option existed (a kind without it).
+    options = {} if blind_name == "frequency" else {"blind": blind_name}
     n = int(start["num_samples"])
     ks = sorted(set(cmp.ks_for(n)) | {settings["k"]})
 
     def one(task: Any, split: str, num_prompts: int, counts: Any) -> dict[str, Any]:
-        report = get_kind(cfg).blind_validity(task, split, num_prompts, ks)
+        report = get_kind(cfg).blind_validity(task, split, num_prompts, ks, **options)
         start_k = _start_pass_at_k(counts, n, ks)
         blind = report["blind_pass_at_k"]
         check = check_validity(start_k, blind, settings["k"], settings["pass1_ratio"],
@@ -123,7 +140,8 @@ def sft_validity(cfg: ml_collections.ConfigDict, sft_dir: str, start: Mapping[st
                    "start": {"num_samples": n, "key_seed": start.get("key_seed"),
                              "num_correct": list(start["num_correct"])},
                    "num_prompts": int(cfg.eval.num_prompts),
-                   "thresholds": {k: v for k, v in settings.items() if k != "allow_blind_task"}}
+                   "thresholds": {k: v for k, v in settings.items() if k != "allow_blind_task"},
+                   **options}  # "blind" only when not the default: older caches still hold
     if n_test > 0:
         fingerprint["test"] = {"num_prompts": n_test, "split": test_split(cfg),
                                "num_correct": list(start["test"]["num_correct"])}
@@ -168,7 +186,10 @@ def validity_record(cfg: ml_collections.ConfigDict, sft_dir: str) -> dict[str, A
                 "distinct_answers": rep["distinct_answers"],
                 "distinct_sft_answers": rep["distinct_sft_answers"],
                 "seen_in_sft": rep["seen_in_sft"],
-                "num_prompts": rep.get("num_prompts", rep.get("num_mazes"))}
+                "num_prompts": rep.get("num_prompts", rep.get("num_mazes")),
+                # another guesser than the default: which, and every guesser's pass@k
+                **({"blind": rep["blind"], "guessers": rep["guessers"]}
+                   if rep.get("blind", "frequency") != "frequency" else {})}
 
     # Relative to the workdir: outputs name no machine's folders.
     out = {**record(report),
@@ -208,6 +229,6 @@ def require_readable(cfg: ml_collections.ConfigDict, sft_dir: str, what: str
     return rec
 
 
-__all__ = ["OVERRIDE", "VALIDITY", "check_validity", "gate_check", "read_validity",
+__all__ = ["OVERRIDE", "VALIDITY", "blind_choice", "check_validity", "gate_check", "read_validity",
            "require_readable", "sft_validity", "validity_line", "validity_record",
            "validity_settings"]

@@ -41,6 +41,10 @@ PROMPT_TEMPLATES: dict[str, str] = {
     "none": "{question}",
     # Short answers for CPU RL of a small model (the grader reads the rightmost number).
     "number": "{question} Answer with the number only.",
+    # One worked line ending "The answer is N." (the few-shot set shows the format).
+    "worked": "{question} Show the steps on one line and end with \"The answer is N.\"",
+    # The steps on one line, the last result being the answer.
+    "steps": "{question} Show the steps on one line.",
 }
 
 FORMATS = ("auto", "gsm8k", "math")

@@ -124,6 +124,48 @@ def _sample_small_mul(rng: np.random.Generator) -> dict[str, int]:
     return {"a": max(a, b), "b": min(a, b)}
 
 
+def _sample_chain_addsub(rng: np.random.Generator) -> dict[str, int]:
+    # a + b - c with a, b two-digit and 2 <= c < a + b: a positive answer below 98.
+    ops = _ints(rng, a=(10, 48), b=(10, 48))
+    ops["c"] = int(rng.integers(2, ops["a"] + ops["b"]))
+    return ops
+
+
+def _sample_chain_subadd(rng: np.random.Generator) -> dict[str, int]:
+    # a - b + c with 2 <= b < a: the first step stays positive.
+    ops = _sample_positive_sub(20, 60, 2, rng)
+    ops["c"] = int(rng.integers(2, 40))
+    return ops
+
+
+def _sample_mul_add(rng: np.random.Generator) -> dict[str, int]:
+    return _ints(rng, a=(3, 12), b=(3, 9), c=(2, 40))
+
+
+def _sample_mul_sub(rng: np.random.Generator) -> dict[str, int]:
+    ops = _ints(rng, a=(3, 12), b=(3, 9))
+    ops["c"] = int(rng.integers(2, ops["a"] * ops["b"]))
+    return ops
+
+
+def _sample_small_chain_addsub(rng: np.random.Generator) -> dict[str, int]:
+    ops = _ints(rng, a=(3, 25), b=(3, 25))
+    ops["c"] = int(rng.integers(2, min(ops["a"] + ops["b"], 26)))
+    return ops
+
+
+def _sample_small_chain_subadd(rng: np.random.Generator) -> dict[str, int]:
+    ops = _sample_positive_sub(8, 30, 2, rng)
+    ops["c"] = int(rng.integers(2, 21))
+    return ops
+
+
+def _sample_small_mul_sub(rng: np.random.Generator) -> dict[str, int]:
+    ops = _ints(rng, a=(2, 9), b=(2, 9))
+    ops["c"] = int(rng.integers(1, min(ops["a"] * ops["b"], 21)))
+    return ops
+
+
 TEMPLATES: tuple[_Template, ...] = (
     _Template(
         "add", 1,
@@ -229,12 +271,107 @@ TEMPLATES: tuple[_Template, ...] = (
         _sample_small_mul,
         lambda o: o["a"] * o["b"], family="bare",
     ),
+    # Two-step bare arithmetic (issue 49: problems a 135M model must work through): a sum
+    # then a difference, a difference then a sum, a times-table product then a sum or a
+    # difference. Written left to right; the order of operations is the usual one.
+    _Template(
+        "chain_addsub", 2, "What is {a} + {b} - {c}?",
+        _sample_chain_addsub,
+        lambda o: o["a"] + o["b"] - o["c"], family="bare",
+    ),
+    _Template(
+        "chain_subadd", 2, "What is {a} - {b} + {c}?",
+        _sample_chain_subadd,
+        lambda o: o["a"] - o["b"] + o["c"], family="bare",
+    ),
+    _Template(
+        "mul_add", 2, "What is {a} x {b} + {c}?",
+        _sample_mul_add,
+        lambda o: o["a"] * o["b"] + o["c"], family="bare",
+    ),
+    _Template(
+        "mul_sub", 2, "What is {a} x {b} - {c}?",
+        _sample_mul_sub,
+        lambda o: o["a"] * o["b"] - o["c"], family="bare",
+    ),
+    # The same four with small numbers (operands up to 25, times tables to 9 x 9, the
+    # second step's number up to 20 or 25): what SmolLM2-135M gets right ~10-40 % of the time.
+    _Template(
+        "small_chain_addsub", 2, "What is {a} + {b} - {c}?",
+        _sample_small_chain_addsub,
+        lambda o: o["a"] + o["b"] - o["c"], family="bare",
+    ),
+    _Template(
+        "small_chain_subadd", 2, "What is {a} - {b} + {c}?",
+        _sample_small_chain_subadd,
+        lambda o: o["a"] - o["b"] + o["c"], family="bare",
+    ),
+    _Template(
+        "small_mul_add", 2, "What is {a} x {b} + {c}?",
+        lambda r: _ints(r, a=(2, 9), b=(2, 9), c=(2, 20)),
+        lambda o: o["a"] * o["b"] + o["c"], family="bare",
+    ),
+    _Template(
+        "small_mul_sub", 2, "What is {a} x {b} - {c}?",
+        _sample_small_mul_sub,
+        lambda o: o["a"] * o["b"] - o["c"], family="bare",
+    ),
 )
 TEMPLATE_NAMES = tuple(t.name for t in TEMPLATES)
 #: The templates drawn when `templates` is not given (the word problems).
 WORD_TEMPLATE_NAMES = tuple(t.name for t in TEMPLATES if t.family == "word")
 #: Bare arithmetic, drawn only when named.
 BARE_TEMPLATE_NAMES = tuple(t.name for t in TEMPLATES if t.family == "bare")
+
+
+#: Few-shot prompts (issue 49's format-ready start): name -> worked examples, each
+#: (template, operands, the worked one-line answer). The start sees them as earlier chat
+#: turns, so it answers in their format before any RL; their contents are never drawn into a
+#: split (`fewshot_keys`). The numbers are hand-picked; `fewshot_turns` checks every worked
+#: line's last number against the template's gold answer.
+FEWSHOT: dict[str, tuple[tuple[str, dict[str, int], str], ...]] = {
+    "steps": (
+        ("chain_addsub", dict(a=14, b=23, c=9), "14 + 23 = 37, and 37 - 9 = 28. The answer is 28."),
+        ("mul_add", dict(a=7, b=6, c=15), "7 x 6 = 42, and 42 + 15 = 57. The answer is 57."),
+        ("chain_subadd", dict(a=52, b=18, c=11),
+         "52 - 18 = 34, and 34 + 11 = 45. The answer is 45."),
+        ("mul_sub", dict(a=9, b=4, c=13), "9 x 4 = 36, and 36 - 13 = 23. The answer is 23."),
+    ),
+    # The same steps in half the tokens (a 135M model on a CPU pays per generated token).
+    "steps_short": (
+        ("chain_addsub", dict(a=14, b=23, c=9), "14 + 23 = 37, 37 - 9 = 28"),
+        ("mul_add", dict(a=7, b=6, c=15), "7 x 6 = 42, 42 + 15 = 57"),
+        ("chain_subadd", dict(a=52, b=18, c=11), "52 - 18 = 34, 34 + 11 = 45"),
+        ("mul_sub", dict(a=9, b=4, c=13), "9 x 4 = 36, 36 - 13 = 23"),
+    ),
+}
+
+
+def _template(name: str) -> _Template:
+    return next(t for t in TEMPLATES if t.name == name)
+
+
+def fewshot_keys(name: str) -> tuple[str, ...]:
+    """The content keys of few-shot set `name` ('' = none): excluded from every split."""
+    return tuple(content_key(t, ops) for t, ops, _ in FEWSHOT[name]) if name else ()
+
+
+def fewshot_turns(name: str) -> tuple[tuple[str, str], ...]:
+    """(question, worked answer) pairs of few-shot set `name` ('' = none). Raises
+    ValueError on an unknown name or a worked answer whose last number is not the gold."""
+    if not name:
+        return ()
+    if name not in FEWSHOT:
+        raise ValueError(f"fewshot={name!r} is not one of {sorted(FEWSHOT)} (or '' for none)")
+    turns = []
+    for template, ops, worked in FEWSHOT[name]:
+        t = _template(template)
+        last = worked.replace(".", " ").split()[-1]
+        if last != str(t.solve(ops)):
+            raise ValueError(f"few-shot {name!r}: {worked!r} ends with {last}, gold "
+                             f"{t.solve(ops)}")
+        turns.append((t.text.format(**ops), worked))
+    return tuple(turns)
 
 
 def content_key(template: str, operands: Mapping[str, int]) -> str:
@@ -256,8 +393,12 @@ def generate_arithmetic(
     steps: Sequence[int] = (1, 2, 3),
     templates: Sequence[str] | None = None,
     test_fraction: float = 0.25,
+    num_sealed: int = 0,
+    sealed_fraction: float = 0.0,
+    exclude: Sequence[str] = (),
 ) -> dict[str, list[MathProblem]]:
-    """`{'train': [...], 'test': [...]}` of distinct generated word problems.
+    """`{'train': [...], 'test': [...]}` of distinct generated word problems (and
+    `'sealed'` when `sealed_fraction > 0`).
 
     Templates are drawn uniformly among those with a step count in `steps` and a name in
     `templates` (a subset of `TEMPLATE_NAMES`; None = the word templates
@@ -265,11 +406,23 @@ def generate_arithmetic(
     `level` is its step count and `meta` holds the template name and operands. The same
     arguments always give the same lists. Raises ValueError on bad sizes, steps or fraction,
     or when the templates cannot supply that many distinct problems.
+
+    A content's split is its hash band (`in_test_split`): below `test_fraction` it is test,
+    below `test_fraction + sealed_fraction` sealed (a third split, disjoint in content from
+    the other two by construction), else train; with `sealed_fraction = 0` the lists are
+    those of the two-split rule. Contents in `exclude` (`content_key`s: a few-shot prompt's
+    worked examples) are never drawn.
     """
     if num_train < 0 or num_test < 0:
         raise ValueError(f"num_train={num_train}, num_test={num_test} must be >= 0")
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction={test_fraction} must lie in (0, 1)")
+    if not 0.0 <= sealed_fraction < 1.0 - test_fraction:
+        raise ValueError(f"sealed_fraction={sealed_fraction} must lie in [0, 1 - test_fraction"
+                         f" = {1.0 - test_fraction:g})")
+    if num_sealed < 0 or (num_sealed and not sealed_fraction):
+        raise ValueError(f"num_sealed={num_sealed} must be >= 0, and 0 unless "
+                         f"sealed_fraction > 0 (got {sealed_fraction})")
     if templates is not None and not set(templates) <= set(TEMPLATE_NAMES):
         raise ValueError(f"templates={tuple(templates)} has unknown names; allowed: "
                          f"{TEMPLATE_NAMES}")
@@ -281,7 +434,9 @@ def generate_arithmetic(
     rng = np.random.default_rng(seed)
     out: dict[str, list[MathProblem]] = {"train": [], "test": []}
     want = {"train": num_train, "test": num_test}
-    seen: set[str] = set()
+    if sealed_fraction:
+        out["sealed"], want["sealed"] = [], num_sealed
+    seen: set[str] = set(exclude)
     # Stop when this many draws in a row add nothing: the content space is used up.
     max_misses, misses = 10_000, 0
     while misses < max_misses and any(len(out[s]) < want[s] for s in out):
@@ -291,7 +446,8 @@ def generate_arithmetic(
         (name, pron), friend = _NAMES[int(first)], _NAMES[int(second)][0]
         item = _ITEMS[int(rng.integers(len(_ITEMS)))]
         key = content_key(template.name, operands)
-        split = "test" if in_test_split(key, test_fraction) else "train"
+        split = ("test" if in_test_split(key, test_fraction) else
+                 "sealed" if in_test_split(key, test_fraction + sealed_fraction) else "train")
         if key in seen or len(out[split]) >= want[split]:
             misses += 1
             continue
@@ -309,7 +465,8 @@ def generate_arithmetic(
         )
     if any(len(out[s]) < want[s] for s in out):
         raise ValueError(
-            f"could not draw {num_train} train + {num_test} test distinct problems with "
+            f"could not draw {num_train} train + {num_test} test + {num_sealed} sealed "
+            "distinct problems with "
             f"steps={tuple(steps)}; ask for fewer"
         )
     return out

@@ -27,7 +27,7 @@ from sera_jax.models.tokenizer import Tokenizer
 from sera_jax.tasks.base import RLTask
 from sera_jax.tasks.mathqa import grader
 from sera_jax.tasks.mathqa.data import MathProblem, format_prompt, load_problems
-from sera_jax.tasks.mathqa.problems import generate_arithmetic
+from sera_jax.tasks.mathqa.problems import fewshot_keys, fewshot_turns, generate_arithmetic
 
 SOURCES = ("arithmetic", "files")
 
@@ -60,6 +60,7 @@ class MathTask(RLTask):
         max_prompt_len: int | None = None,
         grade_timeout_s: int = 5,
         stop_at_newline: bool = False,
+        fewshot: Sequence[tuple[str, str]] = (),
     ):
         if not isinstance(stop_at_newline, bool | np.bool_):
             raise TypeError(f"stop_at_newline={stop_at_newline!r} must be True or False, got "
@@ -72,6 +73,9 @@ class MathTask(RLTask):
             raise ValueError(f"grade_timeout_s={grade_timeout_s} must be a whole number >= 1")
         self.tokenizer = tokenizer
         self.template, self.chat, self.system = template, bool(chat), system
+        if fewshot and not chat:
+            raise ValueError("fewshot turns need chat=True (they are earlier chat turns)")
+        self.fewshot = tuple((str(q), str(a)) for q, a in fewshot)
         self.grade_timeout_s = int(grade_timeout_s)
         self.pad_id = int(tokenizer.pad_id)
         self.stop_at_newline = bool(stop_at_newline)
@@ -100,9 +104,18 @@ class MathTask(RLTask):
     # ------------------------------------------------------------------ prompts
 
     def prompt_text(self, problem: MathProblem) -> str:
-        """The exact text the model sees before its answer (chat-formatted when `chat`)."""
+        """The exact text the model sees before its answer (chat-formatted when `chat`; the
+        few-shot (question, answer) pairs come first as earlier user / assistant turns, each
+        question in the same template)."""
         text = format_prompt(problem.question, self.template)
-        return self.tokenizer.chat_prompt(text, system=self.system) if self.chat else text
+        if not self.chat:
+            return text
+        turns = []
+        for question, answer in self.fewshot:
+            turns += [{"role": "user", "content": format_prompt(question, self.template)},
+                      {"role": "assistant", "content": answer}]
+        return self.tokenizer.chat_prompt(turns + [{"role": "user", "content": text}],
+                                          system=self.system)
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -169,7 +182,14 @@ class MathTask(RLTask):
 
 
 def task_config() -> ml_collections.ConfigDict:
-    """Defaults of the `task` block of a math experiment config (see `task_from_config`)."""
+    """Defaults of the `task` block of a math experiment config (see `task_from_config`).
+
+    Optional fields, read with their defaults when absent (so the configs and
+    pre-registrations made before them hash as they did): `fewshot` ('' = none; a key of
+    `problems.FEWSHOT`: worked examples as earlier chat turns), `num_test` (0 = none; a
+    sealed test split of that many arithmetic problems whose content hash lies in
+    [0.25, 0.25 + `sealed_fraction`), disjoint in content from train and held-out) and
+    `sealed_fraction` (0.25)."""
     c = ml_collections.ConfigDict()
     c.source = "arithmetic"  # 'arithmetic' (embedded generator) | 'files'
     # Generated arithmetic problems.
@@ -202,9 +222,14 @@ def load_splits(cfg: ml_collections.ConfigDict) -> dict[str, list[MathProblem]]:
     """`{'train': [...], 'eval': [...]}` from the task config (generated or from files)."""
     if cfg.source == "arithmetic":
         names = [t.strip() for t in str(cfg.get("templates") or "").split(",") if t.strip()]
-        data = generate_arithmetic(int(cfg.num_train), int(cfg.num_eval), seed=int(cfg.seed),
-                                   steps=tuple(cfg.steps), templates=names or None)
-        return {"train": data["train"], "eval": data["test"]}
+        num_test = int(cfg.get("num_test", 0) or 0)
+        data = generate_arithmetic(
+            int(cfg.num_train), int(cfg.num_eval), seed=int(cfg.seed), steps=tuple(cfg.steps),
+            templates=names or None, num_sealed=num_test,
+            sealed_fraction=float(cfg.get("sealed_fraction", 0.25)) if num_test else 0.0,
+            exclude=fewshot_keys(str(cfg.get("fewshot", "") or "")))
+        out = {"train": data["train"], "eval": data["test"]}
+        return {**out, "test": data["sealed"]} if num_test else out
     if cfg.source == "files":
         out = {}
         for split in ("train", "eval"):
@@ -227,4 +252,5 @@ def task_from_config(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer) -> Ma
         max_prompt_len=int(cfg.max_prompt_len) or None,
         grade_timeout_s=int(cfg.grade_timeout_s),
         stop_at_newline=cfg.get("stop_at_newline", False),
+        fewshot=fewshot_turns(str(cfg.get("fewshot", "") or "")),
     )

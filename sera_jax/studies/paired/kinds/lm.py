@@ -10,7 +10,12 @@ or a Hugging Face directory: `sera_jax.models.policy`) and whose `task` block is
 * the blind control is an answer-blind guesser: it ignores the problem and draws an answer
   from the training problems' gold answers at their frequency, so its exact pass@k on
   held-out problem m is `1 - (1 - q_m)^k`, q_m = the share of training problems whose answer
-  equals m's (the same distribution-matching guesser as the maze's).
+  equals m's (the same distribution-matching guesser as the maze's). Three more guessers
+  that may read the problem's template but never its numbers (the template's training
+  answers at their frequency, uniform over the template's training answer range, the
+  template's most frequent answer: `blind_guessers`) are reported beside it with the
+  strongest of the four; `compare.blind = "strongest"` makes that one the control the
+  validity gate reads (default "frequency": the guesser of every committed result).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,7 +41,7 @@ from sera_jax.sampling import SamplingConfig, generate_rows, left_pad
 from sera_jax.studies import common
 from sera_jax.studies.paired.kinds.base import Kind, Words, blind_pass_at_k, register
 from sera_jax.tasks.mathqa.data import FORMATS, PROMPT_TEMPLATES
-from sera_jax.tasks.mathqa.problems import TEMPLATE_NAMES
+from sera_jax.tasks.mathqa.problems import FEWSHOT, TEMPLATE_NAMES
 from sera_jax.tasks.mathqa.task import SOURCES, MathTask, task_from_config
 
 #: Model options left out of fingerprints at their default (added after the first runs):
@@ -93,6 +99,17 @@ def validate_task(cfg: ml_collections.ConfigDict) -> None:
           t.templates, f"'' (all) or a comma-separated subset of {TEMPLATE_NAMES}")
         c(not pos(p) or p <= t.num_train, "task.num_train", t.num_train,
           f">= rl.prompts_per_step={p} (each step takes P distinct training problems)")
+        num_test = t.get("num_test", 0)
+        c(is_int(num_test) and num_test >= 0, "task.num_test", num_test,
+          "an integer >= 0 (0 = no sealed test split)")
+        frac = t.get("sealed_fraction", 0.25)
+        c(isinstance(frac, int | float) and 0 < frac < 0.75, "task.sealed_fraction", frac,
+          "a number in (0, 0.75): the content-hash band of the sealed split")
+        fewshot = t.get("fewshot", "")
+        c(fewshot in ("", *FEWSHOT), "task.fewshot", fewshot,
+          f"'' (none) or one of {sorted(FEWSHOT)}")
+        c(not fewshot or t.chat, "task.chat", t.chat, "True when task.fewshot is set (the "
+          "examples are earlier chat turns)")
     else:
         for split in ("train", "eval"):
             path = t[f"{split}_path"]
@@ -177,22 +194,115 @@ def answer_key(answer: str) -> str:
     return str(answer).replace(" ", "").replace(",", "")
 
 
-def blind_validity(task: Any, split: str, num_prompts: int, ks: Sequence[int]
-                   ) -> dict[str, Any]:
-    """What an answer-blind guesser gets on the first `num_prompts` problems of `split`
-    (module docstring): `blind_pass_at_k`, `blind_q`, `distinct_answers` (held-out),
-    `distinct_sft_answers` (the training answers it draws from), `seen_in_sft` (the share of
-    held-out answers that are also training answers), `num_prompts` and
-    `median_answer_chars`."""
-    train = [answer_key(p.answer) for p in task.problems("train")]
-    freq = collections.Counter(train)
+#: The sealed test split's fields: out of the start's fingerprint, in the evaluation's when
+#: it is scored (`Kind.test_split`).
+TEST_FIELDS = ("num_test", "sealed_fraction")
+#: The answer-blind guessers of `blind_guessers`, in the order their ties are broken.
+GUESSERS = ("frequency", "template_frequency", "uniform_range", "mode")
+#: The values of `compare.blind`: the guesser the validity gate reads ("strongest": the best
+#: of `GUESSERS`; "frequency", the default, is the guesser of the committed results).
+BLIND_CHOICES = ("frequency", "strongest", *GUESSERS[1:])
+_INT = re.compile(r"-?[0-9]+")
+
+
+def _template_of(problem: Any) -> str | None:
+    """The problem's template (visible in its wording, never its numbers); None = one pool
+    for every problem without one."""
+    return (getattr(problem, "meta", None) or {}).get("template")
+
+
+def _uniform_range_q(pool: Sequence[str], gold: str) -> float:
+    """One guess's success on `gold` when uniform over the integers [min, max] of the
+    training answers `pool` (all integers), else over their distinct values."""
+    if not pool:
+        return 0.0
+    if all(_INT.fullmatch(a) for a in pool):
+        lo, hi = min(int(a) for a in pool), max(int(a) for a in pool)
+        inside = _INT.fullmatch(gold) is not None and lo <= int(gold) <= hi
+        return 1.0 / (hi - lo + 1) if inside else 0.0
+    distinct = set(pool)
+    return 1.0 / len(distinct) if gold in distinct else 0.0
+
+
+def _mode(pool: Sequence[str]) -> str | None:
+    """The most frequent answer of `pool`; ties: the smallest by string order."""
+    counts = collections.Counter(pool)
+    if not counts:
+        return None
+    top = max(counts.values())
+    return min(a for a, c in counts.items() if c == top)
+
+
+def blind_guessers(train: Sequence[Any], held: Sequence[Any]) -> dict[str, np.ndarray]:
+    """{guesser: q} for the answer-blind guessers (`GUESSERS`), q_i = the probability that
+    one guess equals the gold answer a_i of held-out problem i (answers compared by
+    `answer_key`). T(i) is the training problems of i's template (`meta["template"]`; the
+    problems without one are one pool, and a template no training problem has gives
+    q_i = 0 under the three per-template guessers); N = the training problems.
+
+    * "frequency": a training answer at its overall frequency, q_i = #{j in N: a_j = a_i} / |N|.
+    * "template_frequency": a training answer of i's template at its frequency there,
+      q_i = #{j in T(i): a_j = a_i} / |T(i)| (the guesser reads the template, which the
+      prompt's wording shows, never the numbers).
+    * "uniform_range": uniform over the integers lo..hi, the least and greatest training
+      answer of T(i): q_i = 1 / (hi - lo + 1) when a_i is an integer in [lo, hi], else 0;
+      when some answer of T(i) is not an integer, uniform over the distinct answers D(i)
+      of T(i): q_i = 1 / |D(i)| when a_i is in D(i), else 0.
+    * "mode": always the most frequent answer of T(i) (ties: the smallest by string order),
+      q_i = 1 when a_i is it, else 0 (deterministic: its pass@k is its pass@1 at every k).
+    """
+    keys = [answer_key(p.answer) for p in train]
+    pools: dict[str | None, list[str]] = collections.defaultdict(list)
+    for p, a in zip(train, keys):
+        pools[_template_of(p)].append(a)
+    freq = collections.Counter(keys)
+    tfreq = {t: collections.Counter(pool) for t, pool in pools.items()}
+    modes = {t: _mode(pool) for t, pool in pools.items()}
+    out: dict[str, list[float]] = {g: [] for g in GUESSERS}
+    for p in held:
+        gold, t = answer_key(p.answer), _template_of(p)
+        pool = pools.get(t, [])
+        out["frequency"].append(freq.get(gold, 0) / len(keys) if keys else 0.0)
+        out["template_frequency"].append(tfreq[t].get(gold, 0) / len(pool) if pool else 0.0)
+        out["uniform_range"].append(_uniform_range_q(pool, gold))
+        out["mode"].append(float(pool != [] and modes[t] == gold))
+    return {g: np.asarray(q, np.float64) for g, q in out.items()}
+
+
+def blind_validity(task: Any, split: str, num_prompts: int, ks: Sequence[int],
+                   blind: str = "frequency") -> dict[str, Any]:
+    """What an answer-blind guesser gets on the first `num_prompts` problems of `split`.
+
+    Every guesser of `blind_guessers` (its q_i, the probability that one guess is right on
+    problem i) is scored: its exact pass@k is the mean over problems of `1 - (1 - q_i)^k`
+    (`base.blind_pass_at_k`), its pass@1 the mean q_i; they are all reported (`guessers`:
+    {name: {"blind_pass_at_k", "pass1"}}) with `strongest`, the one of highest pass@k at the
+    largest k of `ks` (ties: the first in `GUESSERS`). The control (`blind_pass_at_k`,
+    `blind_q`, and its name `blind`) is the guesser `blind` names: "frequency" (the default:
+    the module docstring's guesser, that of every committed result), "strongest", or another
+    name of `GUESSERS` (`compare.blind`). Also: `distinct_answers` (held-out),
+    `distinct_sft_answers` (the training answers), `seen_in_sft` (the share of held-out
+    answers that are also training answers), `num_prompts` and `median_answer_chars`."""
+    if blind not in BLIND_CHOICES:
+        raise ValueError(f"blind={blind!r} is not one of {BLIND_CHOICES}")
+    train_problems = task.problems("train")
     n = min(int(num_prompts), task.split_size(split))
-    held = [answer_key(p.answer) for p in task.problems(split)[:n]]
-    q = np.asarray([freq.get(a, 0) / len(train) for a in held], np.float64)
-    return {"split": split, "kind": "math", "num_prompts": n,
-            "blind_pass_at_k": blind_pass_at_k(q, ks), "blind_q": q.tolist(),
-            "distinct_answers": len(set(held)), "distinct_sft_answers": len(freq),
-            "seen_in_sft": float(np.mean([a in freq for a in held])) if held else 0.0,
+    held_problems = task.problems(split)[:n]
+    qs = blind_guessers(train_problems, held_problems)
+    guessers = {g: {"blind_pass_at_k": blind_pass_at_k(q, ks),
+                    "pass1": float(q.mean()) if q.size else 0.0} for g, q in qs.items()}
+    top = str(max(int(k) for k in ks)) if len(ks) else None
+    strongest = max(GUESSERS, key=lambda g: (guessers[g]["blind_pass_at_k"][top] if top
+                                             else guessers[g]["pass1"]))
+    chosen = strongest if blind == "strongest" else blind
+    q = qs[chosen]
+    train = {answer_key(p.answer) for p in train_problems}
+    held = [answer_key(p.answer) for p in held_problems]
+    return {"split": split, "kind": "math", "num_prompts": n, "blind": chosen,
+            "blind_pass_at_k": guessers[chosen]["blind_pass_at_k"], "blind_q": q.tolist(),
+            "guessers": guessers, "strongest": strongest,
+            "distinct_answers": len(set(held)), "distinct_sft_answers": len(train),
+            "seen_in_sft": float(np.mean([a in train for a in held])) if held else 0.0,
             "median_answer_chars": float(np.median([len(a) for a in held])) if held else 0.0}
 
 
@@ -216,6 +326,9 @@ class MathKind(Kind):
         c(isinstance(e.top_k, int) and e.top_k >= 0, "eval.top_k", e.top_k, "an integer >= 0")
         c(isinstance(e.max_new_tokens, int) and e.max_new_tokens >= 0, "eval.max_new_tokens",
           e.max_new_tokens, "an integer >= 0 (0 = task.max_new_tokens)")
+        blind = cfg.compare.get("blind", "frequency") if "compare" in cfg else "frequency"
+        c(blind in BLIND_CHOICES, "compare.blind", blind,
+          f"one of {BLIND_CHOICES} (the answer-blind guesser the validity gate reads)")
 
     def build_task(self, cfg: ml_collections.ConfigDict) -> MathTask:
         """The `MathTask` of `cfg.task` with the tokenizer of `cfg.model`."""
@@ -230,9 +343,19 @@ class MathKind(Kind):
         return eval_sampling(cfg, task)
 
     def start_fingerprint(self, cfg: ml_collections.ConfigDict) -> dict[str, Any]:
-        """Task and model (there is no SFT)."""
-        return {"task": cfg.task.to_dict(),
+        """Task and model (there is no SFT); the sealed split's fields are left out (the
+        start's other scorings do not depend on them)."""
+        return {"task": loop.trim_fields(cfg.task.to_dict(), TEST_FIELDS),
                 "model": loop.trim_fields(cfg.model.to_dict(), defaults=MODEL_DEFAULTS)}
+
+    def test_split(self, cfg: ml_collections.ConfigDict) -> dict[str, Any] | None:
+        """`{"num_test", "sealed_fraction"}` of generated problems with `task.num_test` > 0
+        (the sealed split: a content-hash band of its own, `mathqa.problems`), else None."""
+        num_test = int(cfg.task.get("num_test", 0) or 0)
+        if num_test <= 0 or cfg.task.source != "arithmetic":
+            return None
+        return {"num_test": num_test,
+                "sealed_fraction": float(cfg.task.get("sealed_fraction", 0.25))}
 
     def train_start(self, cfg: ml_collections.ConfigDict, start_dir: str, mesh: Any,
                     workdir: str) -> tuple[Any, int]:
@@ -245,6 +368,11 @@ class MathKind(Kind):
     def start_step(self, cfg: ml_collections.ConfigDict, start_dir: str) -> int | None:
         return 0
 
-    def blind_validity(self, task: Any, split: str, num_prompts: int, ks: Sequence[int]
-                       ) -> dict[str, Any]:
-        return blind_validity(task, split, num_prompts, ks)
+    #: The values `compare.blind` may take for this kind (`validity.blind_choice`).
+    blind_choices = BLIND_CHOICES
+
+    def blind_validity(self, task: Any, split: str, num_prompts: int, ks: Sequence[int],
+                       blind: str = "frequency") -> dict[str, Any]:
+        """The answer-blind control (module-level `blind_validity`; `blind`: the guesser
+        `compare.blind` names)."""
+        return blind_validity(task, split, num_prompts, ks, blind)

@@ -48,7 +48,8 @@ def test_lm_configs_are_lm_studies_with_their_own_results_folder():
 
 
 def test_committed_preregistrations_match_the_math_configs():
-    for name in ("smollm2_arith", "smollm2_arith_quick"):
+    for name in ("smollm2_arith", "smollm2_arith_quick", "smollm2_steps",
+                 "smollm2_steps_quick"):
         cfg = load(f"math/{name}.py")
         prereg.check_preregistration(cfg, "comparison")  # raises on any difference
 
