@@ -293,7 +293,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         f"{'preset (0.05)' if theta is None else theta}.",
         "",
         f"CIs: 95 %, paired over seeds, {'Student t' if ci == 't' else 'percentile bootstrap'}"
-        "; (n.s.) = the interval contains 0: inconclusive (no margin was set: not equivalence).", ""]
+        "; (n.s.) = the interval contains 0: inconclusive (no margin was set: not "
+        "equivalence).", ""]
     cell_lines, main_gate = report_cell(main, ks, list(rep.table_ks), ref, names, ci,
                                         controls, opt["learning_rate"])
     lines += cell_lines
