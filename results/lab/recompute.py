@@ -333,7 +333,8 @@ def summary(data: dict[str, Any]) -> str:
         f"{'preset (0.05)' if theta is None else theta}.", "",
         "CIs: 95 %, paired over seeds, "
         f"{'Student t' if rep['ci'] == 't' else 'percentile bootstrap'}"
-        "; (n.s.) = the interval contains 0: inconclusive (no margin was set: not equivalence).", ""]
+        "; (n.s.) = the interval contains 0: inconclusive (no margin was set: not "
+        "equivalence).", ""]
     lines += report_cell(main, ks, table_ks, ref, names, opt["learning_rate"])
     challengers = [n for n in rep["challengers"] if n in main]
     if challengers and rep["challenge_reference"] in main:
