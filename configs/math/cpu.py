@@ -97,6 +97,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.compare.primary = ml_collections.ConfigDict(dict(method="sera", split="eval", k=4,
                                                        window=1))
     c.compare.margin = ml_collections.config_dict.placeholder(float)  # equivalence; None: none
+    # The blind control the validity gate reads (None = the kind's default guesser; the math
+    # kind also offers "strongest" and its other answer-blind guessers: kinds.lm.BLIND_CHOICES).
+    c.compare.blind = ml_collections.config_dict.placeholder(str)
     c.compare.gate_floor_multiple = 2.0  # gate: baseline − null > 2 x the noise floor
     # The validity gate: the start must beat an answer-blind guesser (`lm.blind_validity`).
     # Overridden here (recorded in every output): on these 8 problems x 4 samples the start

@@ -111,6 +111,9 @@ def get_config() -> ml_collections.ConfigDict:
     # Its equivalence margin (the primary's units, 0.02 = 2 points; None: none registered,
     # and then hashed as absent): with one the verdict may be "equivalent within ±m".
     c.compare.margin = ml_collections.config_dict.placeholder(float)
+    # The blind control the validity gate reads (None = the kind's default guesser; the math
+    # kind also offers "strongest" and its other answer-blind guessers: kinds.lm.BLIND_CHOICES).
+    c.compare.blind = ml_collections.config_dict.placeholder(str)
     # lr frontiers and the lr pilot (`--stage=frontier`, sera_jax.studies.paired.frontier; not
     # part of the default command): each method's (pass@1, pass@k) over the lr grid, each
     # lr's gate; the config's own lr reuses the default comparison's runs.

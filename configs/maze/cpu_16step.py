@@ -86,6 +86,9 @@ def get_config() -> ml_collections.ConfigDict:
     # pre-register); the gate's margin is read with a primary only.
     c.compare.primary = None
     c.compare.margin = ml_collections.config_dict.placeholder(float)  # equivalence; None: none
+    # The blind control the validity gate reads (None = the kind's default guesser; the math
+    # kind also offers "strongest" and its other answer-blind guessers: kinds.lm.BLIND_CHOICES).
+    c.compare.blind = ml_collections.config_dict.placeholder(str)
     c.compare.gate_floor_multiple = 2.0
     # The validity gate (configs/maze/cpu.py explains it), at its defaults.
     c.compare.allow_blind_task = False

@@ -90,6 +90,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.compare.primary = ml_collections.ConfigDict(dict(method="sera", split="eval", k=64,
                                                        window=2))
     c.compare.margin = ml_collections.config_dict.placeholder(float)  # equivalence; None: none
+    # The blind control the validity gate reads (None = the kind's default guesser; the math
+    # kind also offers "strongest" and its other answer-blind guessers: kinds.lm.BLIND_CHOICES).
+    c.compare.blind = ml_collections.config_dict.placeholder(str)
     c.compare.bootstrap = 2000
     c.compare.level = 0.95
     c.compare.bootstrap_seed = 0

@@ -251,9 +251,9 @@ def outcome_arrays(data: Mapping[str, Any], prefix: str = "", sft: bool = True
     (`run/<arm>/<seed>/curve/<step>/<split>`). Empty when no record carries outcomes."""
     out: dict[str, np.ndarray] = {}
     if sft:
-        for (step, n, keys), rec in data["points"].items():
+        for (step, n, keys), rec in data.get("points", {}).items():
             _put(out, f"{prefix}sft/{step}_{n}_{keys}", rec)
-    for arm, runs in data["runs"].items():
+    for arm, runs in data.get("runs", {}).items():
         for seed, r in runs.items():
             key = f"{prefix}run/{arm}/{seed}"
             _put(out, f"{key}/final", r["final"])

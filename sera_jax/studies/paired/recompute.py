@@ -50,11 +50,13 @@ from sera_jax.studies.paired.export import COUNTS, EXPORT_FILES, MANIFEST, sha25
 from sera_jax.studies.paired.frontier import frontier_markdown
 from sera_jax.studies.paired.kinds.base import blind_pass_at_k
 from sera_jax.studies.paired.outcomes import OUTCOMES_FILE
+from sera_jax.studies.paired.prereg import PREREGISTRATION
 from sera_jax.studies.paired.report import (
     RUN_FIELDS,
     START_ROWS,
     build_table,
     outcome_summary,
+    registered_gate,
 )
 from sera_jax.studies.paired.tables import comparison_markdown
 from sera_jax.studies.paired.validity import check_validity, validity_settings
@@ -304,6 +306,12 @@ def recompute(folder: str) -> dict[str, Any]:
     table = build_table(cfg, data, manifest["methods"], manifest["curve_analysis"])
     if "preregistration" in saved:
         table["preregistration"] = saved["preregistration"]
+    prereg_file = os.path.join(folder, PREREGISTRATION)
+    if manifest["curve_analysis"] and "gate" in table and os.path.exists(prereg_file):
+        registered = registered_gate(cfg, data, manifest["methods"],
+                                     read_export_json(folder, PREREGISTRATION))
+        if registered is not None:
+            table["gate_registered"] = registered
     out: dict[str, Any] = {"comparison": table, "frontier": None, "matched": None,
                            "notes": export["notes"]}
     fpath = os.path.join(folder, "frontier.json")

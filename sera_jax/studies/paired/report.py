@@ -3,6 +3,7 @@ paired differences with CIs, noise floor, null control, allocator diagnostics)."
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,7 +29,11 @@ from sera_jax.studies.paired.evaluation import sft_points, start_temperature_row
 from sera_jax.studies.paired.figures import plot_comparison, plot_delta_curves
 from sera_jax.studies.paired.kinds import get_kind
 from sera_jax.studies.paired.mechanism import write_summary as write_mechanism
-from sera_jax.studies.paired.prereg import check_primary
+from sera_jax.studies.paired.prereg import (
+    check_primary,
+    preregistration_path,
+    read_preregistration,
+)
 from sera_jax.studies.paired.spec import (
     AA,
     ALLOC_RECORDS,
@@ -222,6 +227,11 @@ def aggregate(cfg: ml_collections.ConfigDict, workdir: str, methods: Sequence[st
         table["preregistration"] = {"found": False, "exploratory": True}
     elif curve_analysis and cfg.compare.get("primary") is not None:
         table["preregistration"] = check_primary(cfg)
+    prereg_file = preregistration_path(cfg)
+    if curve_analysis and "gate" in table and os.path.exists(prereg_file):
+        registered = registered_gate(cfg, data, methods, read_preregistration(prereg_file))
+        if registered is not None:
+            table["gate_registered"] = registered
     write_json(os.path.join(results_dir, "comparison.json"), table)
     with open(os.path.join(results_dir, "comparison.md"), "w") as f:
         f.write(comparison_markdown(table))
@@ -438,6 +448,29 @@ def write_outcomes(cfg: ml_collections.ConfigDict, data: Mapping[str, Any], resu
     with open(os.path.join(results_dir, "outcomes.md"), "w") as f:
         f.write(outcomes.summary_markdown(summary))
     return summary
+
+
+def registered_gate(cfg: ml_collections.ConfigDict, data: Mapping[str, Any],
+                    methods: Sequence[str], prereg: Mapping[str, Any]) -> dict[str, Any] | None:
+    """One gate rule, registered seeds first (issue 49): when an amendment of the
+    pre-registration `prereg` added null seeds, the gate recomputed on the null seeds it
+    registered before any amendment (the table's `gate` then reads every seed: a labelled
+    extension). Returns {**that gate, "null_seeds", "added_null_seeds", "note"}, or None when
+    no amendment added null seeds."""
+    changes = [a["changed"]["compare.null_seeds"] for a in prereg.get("amendments", [])
+               if "compare.null_seeds" in a.get("changed", {})]
+    if not changes or NULL not in data["runs"]:
+        return None
+    registered = [int(x) for x in changes[0][0]]
+    runs = {**data["runs"], NULL: {s: r for s, r in data["runs"][NULL].items()
+                                   if int(s) in registered}}
+    rcfg = copy.deepcopy(cfg)
+    rcfg.compare.null_seeds = tuple(registered)
+    gate = build_table(rcfg, {**data, "runs": runs}, methods)["gate"]
+    added = sorted(int(s) for s in data["runs"][NULL] if int(s) not in registered)
+    return {**gate, "null_seeds": registered, "added_null_seeds": added,
+            "note": "the gate on the null seeds registered before any amendment; the table's "
+                    "gate, with the added seeds too, is a labelled extension"}
 
 
 def paired_floor(cfg: ml_collections.ConfigDict, runs: Mapping[str, Mapping[int, Any]], n: int,

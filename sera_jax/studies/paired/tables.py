@@ -150,6 +150,18 @@ def _band(e: dict[str, Any]) -> str:
     return f"{100 * e['mean']:+.1f} [{100 * e['lo']:+.1f}, {100 * e['hi']:+.1f}]"
 
 
+def _registered_gate(table: dict[str, Any]) -> str:
+    """The gate on the registered null seeds, first, when an amendment added seeds (the
+    table's gate is then a labelled extension); '' otherwise."""
+    reg = table.get("gate_registered")
+    if reg is None:
+        return ""
+    return (f" Registered seeds first: with the null seeds registered before any amendment "
+            f"({', '.join(map(str, reg['null_seeds']))}) the gate reads {reg['outcome']}; "
+            f"the line above adds null seeds {', '.join(map(str, reg['added_null_seeds']))} "
+            "(a labelled extension).")
+
+
 def curves_markdown(table: dict[str, Any]) -> list[str]:
     """The curve analysis: primary endpoint, gate, A/A, Δ(t) tables, Holm secondaries."""
     cur, prim, gate, aa = table["curves"], table["primary"], table["gate"], table["aa"]
@@ -166,7 +178,8 @@ def curves_markdown(table: dict[str, Any]) -> list[str]:
            f" -- **{prim['outcome']}**." + _two_level(prim.get("two_level"), w.prompts) +
            verdict_sentence(prim) + _prereg_sentence(table), "", validity_sentence(table), "",
            f"**Gate** (uniform − null at held-out pass@1 over the same window, CI above 0 and "
-           f"> {table['gate'].get('floor_multiple', 2):g} × noise floor): {gate['outcome']}.",
+           f"> {table['gate'].get('floor_multiple', 2):g} × noise floor): {gate['outcome']}."
+           + _registered_gate(table),
            "", "**A/A control** (the baseline twice, different RL seeds, same evaluation "
            "keys): " + ("not run" if not aa["ran"] or aa["false_positive_rate"] is None else
                         f"{aa['false_positives']} of {aa['cells']} (point, k, split) cells "

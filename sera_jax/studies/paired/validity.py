@@ -71,7 +71,7 @@ def validity_settings(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
 def blind_choice(cfg: ml_collections.ConfigDict) -> str:
     """`compare.blind` ("frequency" when unset), checked against the guessers the kind
     offers (its `blind_choices`; a kind without them has only "frequency")."""
-    blind = cfg.compare.get("blind", "frequency")
+    blind = cfg.compare.get("blind") or "frequency"  # None: the default guesser
     choices = getattr(get_kind(cfg), "blind_choices", ("frequency",))
     common.check(blind in choices, "compare.blind", blind, f"one of {tuple(choices)}")
     return blind

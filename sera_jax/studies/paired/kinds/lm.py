@@ -326,7 +326,7 @@ class MathKind(Kind):
         c(isinstance(e.top_k, int) and e.top_k >= 0, "eval.top_k", e.top_k, "an integer >= 0")
         c(isinstance(e.max_new_tokens, int) and e.max_new_tokens >= 0, "eval.max_new_tokens",
           e.max_new_tokens, "an integer >= 0 (0 = task.max_new_tokens)")
-        blind = cfg.compare.get("blind", "frequency") if "compare" in cfg else "frequency"
+        blind = (cfg.compare.get("blind") if "compare" in cfg else None) or "frequency"
         c(blind in BLIND_CHOICES, "compare.blind", blind,
           f"one of {BLIND_CHOICES} (the answer-blind guesser the validity gate reads)")
 
