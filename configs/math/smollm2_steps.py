@@ -41,12 +41,13 @@ uniform − null on held-out pass@1 over the same window, CI above 0 and above 2
 evaluation noise floor, on the 4 registered null seeds (no seed is added after a look: a
 later addition is reported as a labelled extension, the registered seeds first).
 
-Cost (measured 8 Dec 2026 on the shared machine, one process a core): a sample of the
-start costs about 0.2 s of one core (1024 samples in 205 s), an RL step 30-50 s with
-another process on the same core (about 20 s alone, estimated); so a run is about 13 min of
-RL + 2 points x 3 min, and the 24 runs (8 + 8 + 4 null + 4 A/A) about 3.5-4 h on 2 idle
-cores, above the 3 h the issue asked for: fewer steps, problems or samples would cut the
-primary's power or leave SERA less history to allocate from.
+Cost (measured 8 Dec 2026 on the shared machine, one process a core): a sample costs
+0.2-0.25 s of one core (the pilot: 1024 samples in 205 s), an RL step 30-50 s with another
+process on the same core (about 20 s alone, estimated); one evaluation point is 176
+problems x 8 samples, about 6 min. A run is about 13 min of RL + 2 points, about 25 min,
+and the 24 runs (8 + 8 + 4 null + 4 A/A) about 5 h on 2 idle cores, above the 3 h the
+issue asked for: fewer steps, problems or samples would cut the primary's power or leave
+SERA less history to allocate from.
 
 One command on 2 cores (one RL process per core; each run resumes where it stopped):
 
